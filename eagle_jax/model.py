@@ -1,0 +1,130 @@
+"""Llama-family target model as pure functions over a params pytree.
+
+params = {
+  "embed": (V, d),
+  "layers": {  # every leaf stacked over layers: (L, ...)
+     "attn_norm": (L, d), "wq": (L, d, H*Dh), "wk": (L, d, KV*Dh), "wv": (L, d, KV*Dh),
+     "wo": (L, H*Dh, d), ["bq", "bk", "bv"] (qwen2), ["q_norm", "k_norm"]: (L, Dh) (qwen3),
+     "mlp_norm": (L, d), "w_gate": (L, d, F), "w_up": (L, d, F), "w_down": (L, F, d)},
+  "final_norm": (d,),
+  ["lm_head": (d, V)]  # absent when embeddings are tied
+}
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from eagle_jax.config import ModelConfig
+from eagle_jax.errors import EagleError
+from eagle_jax.kv_cache import KVCache
+from eagle_jax.layers import rms_norm, rope_inverse_frequencies, self_attention, swiglu
+
+
+class ForwardOutput(NamedTuple):
+    hidden: jax.Array  # (B, T, d) final post-norm hidden state (the lm_head input; EAGLE-1/2 feature)
+    captured: jax.Array  # (n_capture, B, T, d) HF hidden_states[i] for each requested index i
+    k_new: jax.Array  # (L, B, T, KV, Dh) keys of the new tokens (post-RoPE)
+    v_new: jax.Array  # (L, B, T, KV, Dh)
+
+
+def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache of max_len slots per row."""
+    if cfg.sliding_window is not None and max_len > cfg.sliding_window:
+        raise EagleError(
+            f"cache of {max_len} tokens exceeds the model's sliding window of {cfg.sliding_window}; "
+            "sliding-window attention is not supported, use a cache no longer than the window"
+        )
+    return KVCache.zeros(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+
+
+def decoder_layer(cfg: ModelConfig, p: dict, x, positions, k_cache, v_cache, lengths, block_mask, inv_freq, attn_impl):
+    """Pre-norm Llama decoder layer. Returns (x, k_new, v_new)."""
+    a, k, v = self_attention(
+        rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), p, positions, k_cache, v_cache, lengths, block_mask,
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        inv_freq=inv_freq, eps=cfg.rms_norm_eps, attn_impl=attn_impl,
+    )
+    x = x + a
+    return x + swiglu(rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), p), k, v
+
+
+def forward(
+    params: dict,
+    cfg: ModelConfig,
+    tokens: jax.Array,  # (B, T) int32
+    positions: jax.Array,  # (B, T) int32 absolute positions
+    cache: KVCache | None,
+    block_mask: jax.Array,  # (B, T, T) bool: which new tokens each new token sees
+    *,
+    capture: tuple[int, ...] = (),
+    attn_impl: str = "auto",
+) -> ForwardOutput:
+    """Run the target over T new tokens that attend to the cached prefix (by length) + block_mask.
+
+    `capture` lists HF hidden-state indices i in [0, L) (the input of layer i; 0 = embeddings) to
+    return in `captured`, e.g. cfg.eagle3_feature_layers. The cache is read, not written: callers
+    commit the returned k_new/v_new with `KVCache.write` or `KVCache.commit_path`.
+    """
+    if any(not 0 <= i < cfg.num_layers for i in capture):
+        raise EagleError(f"capture indices {capture} out of range [0, {cfg.num_layers})")
+    b, t = tokens.shape
+    layers = params["layers"]
+    dtype = params["embed"].dtype
+    if cache is None:
+        empty = jnp.zeros((cfg.num_layers, b, 0, cfg.num_kv_heads, cfg.head_dim), dtype)
+        cache = KVCache(empty, empty, jnp.zeros((b,), jnp.int32))
+    inv_freq = rope_inverse_frequencies(cfg.rope, cfg.head_dim)
+    x = params["embed"][tokens]
+
+    def body(x, xs):
+        p, k_cache, v_cache = xs
+        x, k, v = decoder_layer(cfg, p, x, positions, k_cache, v_cache, cache.lengths, block_mask, inv_freq, attn_impl)
+        return x, (k, v)
+
+    # Scan the layers in segments split at the captured indices (one compiled body per segment).
+    bounds = sorted({0, cfg.num_layers, *capture})
+    captured = {}
+    k_parts, v_parts = [], []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        captured[start] = x
+        seg = jax.tree.map(lambda a: a[start:stop], layers)
+        x, (k, v) = jax.lax.scan(body, x, (seg, cache.k[start:stop], cache.v[start:stop]))
+        k_parts.append(k)
+        v_parts.append(v)
+    hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    stacked = jnp.stack([captured[i] for i in capture]) if capture else jnp.zeros((0, b, t, cfg.hidden_size), dtype)
+    return ForwardOutput(hidden, stacked, jnp.concatenate(k_parts), jnp.concatenate(v_parts))
+
+
+def lm_head(params: dict, hidden: jax.Array) -> jax.Array:
+    """Logits (..., V) in float32 from post-norm hidden (..., d)."""
+    w = params["lm_head"] if "lm_head" in params else params["embed"].T
+    return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def causal_mask(valid: jax.Array) -> jax.Array:
+    """(B, T, T) lower-triangular block mask restricted to valid (B, T) tokens."""
+    t = valid.shape[1]
+    tril = jnp.tril(jnp.ones((t, t), bool))
+    return tril[None] & valid[:, None, :]
+
+
+def init_params(rng: jax.Array, cfg: ModelConfig, dtype=jnp.float32, scale: float = 0.05) -> dict:
+    """Random target params (normal(0, scale) matrices and biases, norms near 1): tests and demos."""
+    from eagle_jax.loading.params import expected_shapes, layer_keys
+
+    shapes = expected_shapes(cfg)
+    keys = iter(jax.random.split(rng, 32))
+
+    def rand(shape, center=0.0):
+        return (center + scale * jax.random.normal(next(keys), shape)).astype(dtype)
+
+    layers = {k: rand((cfg.num_layers, *shapes[k]), 1.0 if k.endswith("norm") else 0.0) for k in layer_keys(cfg)}
+    params = {"embed": rand((cfg.vocab_size, cfg.hidden_size)), "layers": layers, "final_norm": rand((cfg.hidden_size,), 1.0)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = rand((cfg.hidden_size, cfg.vocab_size))
+    return params
