@@ -277,7 +277,7 @@ def make_tiny(name: str) -> dict:
 
     if name == "qwen2":
         b = model.model.layers[0].self_attn.q_proj.bias
-        assert b is not None and float(b.abs().max()) > 0
+        assert b is not None and float(b.detach().abs().max()) > 0
     if name == "qwen3":
         assert model.model.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 32)
 

@@ -2,11 +2,14 @@
 
 params (eagle1) = {"fc": (2d, d), ["fc_bias": (d,)], "layer": L}
 params (eagle3) = {"fc": (3*dt, d), ["fc_norm": (3, dt)] | ["fc_pre_norm": (3*dt,)], "layer": L,
-                   "final_norm": (d,), "lm_head": (d, Vd), "d2t": (Vd,) int32}
+                   "final_norm": (d,), "lm_head": (d, Vd), "d2t": (Vd,) int32, ["embed": (V, d)]}
 L = {["input_norm": (d,), "hidden_norm": (d,)] (eagle3), "wq": (a, H*Dh), "wk": (a, KV*Dh),
-     "wv": (a, KV*Dh), "wo": (H*Dh, d), "mlp_norm": (d,), "w_gate", "w_up", "w_down"}
+     "wv": (a, KV*Dh), "wo": (H*Dh, d), ["q_norm": (Dh,), "k_norm": (Dh,)] (Qwen3-style layer),
+     "mlp_norm": (d,), "w_gate", "w_up", "w_down"}
 with a = d for eagle1 and a = 2d for eagle3. The embedding (and for eagle1 the lm_head) are the
-target's own, frozen: they are read from the target params, never stored in the head.
+target's own, frozen: they are read from the target params, never stored in the head. The one
+exception is an eagle3 head narrower than its target (d != dt): the target's (V, dt) embedding does
+not fit it, so such a head carries its own (V, d) "embed", as in the reference implementation.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def draft_forward(
     """One pass of the draft decoder layer over T tokens (context positions or tree nodes)."""
     p = dparams["layer"]
     eps = dcfg.rms_norm_eps
-    embed = target_params["embed"][tokens].astype(hidden.dtype)
+    embed = dparams.get("embed", target_params["embed"])[tokens].astype(hidden.dtype)
     if dcfg.kind == "eagle1":
         x = jnp.concatenate([embed, hidden], axis=-1) @ dparams["fc"]
         if "fc_bias" in dparams:
@@ -128,4 +131,7 @@ def init_draft_params(rng: jax.Array, dcfg: DraftConfig, dtype=jnp.float32, scal
         params["fc_norm"] = jnp.ones((len(dcfg.feature_layers), dt), dtype)
     if dcfg.norm_before_fc:
         params["fc_pre_norm"] = jnp.ones((len(dcfg.feature_layers) * dt,), dtype)
+    if d != dt:  # own embedding, from a key apart so the other weights stay as they were
+        embed_key = jax.random.fold_in(rng, len(shapes) + 2)
+        params["embed"] = (scale * jax.random.normal(embed_key, (dcfg.target_vocab_size, d))).astype(dtype)
     return params

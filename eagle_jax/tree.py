@@ -1,0 +1,145 @@
+"""EAGLE-2 dynamic draft tree with static shapes.
+
+Each of the depth+1 draft levels expands the top_k nodes with the best cumulative draft log-prob;
+every expanded node contributes its top_k children to a candidate pool of
+top_k + depth * top_k**2 entries; the best num_nodes - 1 candidates, sorted by pool index (so
+parents precede children), become the tree below the root. A chain is top_k = 1; a static tree
+uses rank-based scores instead of draft log-probs, so the same machinery always picks the same shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from eagle_jax.errors import EagleError
+
+SCORINGS = ("dynamic", "static")
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeConfig:
+    """top_k: children per expanded node and nodes expanded per level; depth: expansion passes after
+    the first (depth + 1 draft levels); num_nodes: tree size sent to the target, root included."""
+
+    top_k: int = 4
+    depth: int = 4
+    num_nodes: int = 16
+    scoring: str = "dynamic"
+
+    def __post_init__(self):
+        if self.top_k < 1 or self.depth < 0:
+            raise EagleError(f"tree needs top_k >= 1 and depth >= 0, got top_k={self.top_k}, depth={self.depth}")
+        if not 2 <= self.num_nodes <= 1 + self.pool_size:
+            raise EagleError(
+                f"num_nodes={self.num_nodes} does not fit the tree: expected 2 <= num_nodes <= "
+                f"1 + top_k + depth * top_k**2 = {1 + self.pool_size} for top_k={self.top_k}, depth={self.depth}"
+            )
+        if self.scoring not in SCORINGS:
+            raise EagleError(f"unknown tree scoring {self.scoring!r}; expected one of {', '.join(SCORINGS)}")
+
+    @classmethod
+    def chain(cls, length: int) -> "TreeConfig":
+        """A single path of `length` draft tokens."""
+        return cls(top_k=1, depth=length - 1, num_nodes=length + 1)
+
+    @property
+    def pool_size(self) -> int:
+        return self.top_k + self.depth * self.top_k**2
+
+    @property
+    def max_path(self) -> int:
+        """Nodes on the longest root-to-leaf path, root included."""
+        return self.depth + 2
+
+
+class DraftTree(NamedTuple):
+    tokens: jax.Array  # (B, T) int32 target ids; node 0 is the root
+    parents: jax.Array  # (B, T) int32 node index of the parent (root: 0)
+    ancestor_mask: jax.Array  # (B, T, T) bool, [r, j] = j is r or an ancestor of r
+    depths: jax.Array  # (B, T) int32, root 0
+    paths: jax.Array  # (B, T, D+2) int32 node indices root -> node, -1 past the node's depth
+
+
+# run_level(carry, hidden (B, K, d), tokens (B, K), level, ancestors (B, K, K*depth))
+#   -> (carry, log_probs (B, K, Vd), hidden (B, K, d)); ancestors marks the earlier-level draft
+#   slots (level * K + i) each running node descends from; carry is the caller's (its KV buffers).
+DraftLevelFn = Callable[..., tuple[Any, jax.Array, jax.Array]]
+
+
+def rank_scores(shape: tuple[int, ...], k: int) -> jax.Array:
+    """Static-tree scores: log(1 / (rank + 1)) for the ranks 0..k-1 of the last axis."""
+    return jnp.broadcast_to(-jnp.log1p(jnp.arange(k, dtype=jnp.float32)), shape)
+
+
+def expand_tree(
+    tree: TreeConfig,
+    root_tokens: jax.Array,  # (B,) int32 target ids
+    root_log_probs: jax.Array,  # (B, Vd) draft log-probs of the root's children
+    root_hidden: jax.Array,  # (B, d) draft hidden that produced them
+    run_level: DraftLevelFn,
+    carry: Any,
+    to_target_ids: Callable[[jax.Array], jax.Array],
+) -> DraftTree:
+    """Grow the draft tree level by level and rerank the pool to the node budget."""
+    k, depth = tree.top_k, tree.depth
+    b = root_tokens.shape[0]
+    scores, draft_ids = jax.lax.top_k(root_log_probs, k)  # (B, K)
+    if tree.scoring == "static":
+        scores = rank_scores(scores.shape, k)
+    pool_scores, pool_tokens, pool_parents = [scores], [to_target_ids(draft_ids)], [jnp.full((b, k), -1, jnp.int32)]
+    run_tokens = pool_tokens[0]
+    run_hidden = jnp.repeat(root_hidden[:, None], k, axis=1)  # (B, K, d)
+    run_pool_index = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
+    run_ancestors = jnp.zeros((b, k, k * depth), bool)  # earlier-level draft slots each run node sees
+    for level in range(depth):
+        carry, log_probs, hidden = run_level(carry, run_hidden, run_tokens, level, run_ancestors)
+        child_scores, child_ids = jax.lax.top_k(log_probs, k)  # (B, K, K)
+        if tree.scoring == "static":
+            child_scores = rank_scores(child_scores.shape, k)
+        cumulative = (child_scores + scores[:, :, None]).reshape(b, k * k)
+        pool_scores.append(cumulative)
+        child_tokens = to_target_ids(child_ids).reshape(b, k * k)
+        pool_tokens.append(child_tokens)
+        pool_parents.append(jnp.repeat(run_pool_index, k, axis=1))
+        scores, chosen = jax.lax.top_k(cumulative, k)  # next level expands the best K paths
+        rows = chosen // k
+        take = jax.vmap(lambda x, i: x[i])
+        run_hidden = take(hidden, rows)
+        run_tokens = take(child_tokens, chosen)
+        own_slot = jax.nn.one_hot(level * k + rows, k * depth, dtype=bool)
+        run_ancestors = take(run_ancestors, rows) | own_slot
+        run_pool_index = k + level * k * k + chosen
+    return select_nodes(
+        tree, root_tokens, jnp.concatenate(pool_scores, 1), jnp.concatenate(pool_tokens, 1), jnp.concatenate(pool_parents, 1)
+    )
+
+
+def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_parents) -> DraftTree:
+    """Keep the best num_nodes - 1 pool entries (B, pool) in pool order and derive the tree arrays."""
+    t = tree.num_nodes
+    _, chosen = jax.lax.top_k(pool_scores, t - 1)
+    chosen = jnp.sort(chosen, axis=-1)  # pool order: parents before children
+    take = jax.vmap(lambda x, i: x[i])
+    tokens = jnp.concatenate([root_tokens[:, None], take(pool_tokens, chosen)], axis=1)
+    parent_pool = take(pool_parents, chosen)
+    # node index of each parent: its position among the chosen entries, + 1 for the root slot
+    parent_node = jax.vmap(jnp.searchsorted)(chosen, parent_pool) + 1
+    parents = jnp.concatenate([jnp.zeros_like(root_tokens)[:, None], jnp.where(parent_pool < 0, 0, parent_node)], axis=1)
+    parents = parents.astype(jnp.int32)
+    eye = jnp.eye(t, dtype=bool)
+    ancestors = jnp.broadcast_to(eye, (tokens.shape[0], t, t))
+    for _ in range(tree.depth + 1):
+        ancestors = eye | jax.vmap(lambda a, p: a[p])(ancestors, parents)
+    depths = jnp.sum(ancestors, axis=-1).astype(jnp.int32) - 1
+    return DraftTree(tokens.astype(jnp.int32), parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))
+
+
+def node_paths(ancestors: jax.Array, depths: jax.Array, max_path: int) -> jax.Array:
+    """(B, T, max_path) node index of each node's ancestor at every depth, -1 below the node."""
+    at_depth = depths[:, None, None, :] == jnp.arange(max_path)[None, None, :, None]  # (B, 1, P, T)
+    hit = ancestors[:, :, None, :] & at_depth  # (B, T, P, T)
+    return jnp.where(jnp.any(hit, -1), jnp.argmax(hit, -1), -1).astype(jnp.int32)

@@ -1,0 +1,78 @@
+"""Target logits and hidden states equal transformers' PyTorch models (fixtures from
+scripts/make_reference_fixtures.py, run with torch 2.13.0 in a Python 3.11 venv)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import FIXTURES
+from eagle_jax.generate_ar import last_valid, prefill
+from eagle_jax.loading import load_target
+from eagle_jax.model import causal_mask, forward, lm_head, make_cache
+
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_hidden_states_match_transformers(family):
+    directory = os.path.join(FIXTURES, family)
+    ref = np.load(os.path.join(directory, "reference.npz"))
+    target = load_target(directory, with_tokenizer=False)
+    cfg = target.cfg
+    ids = jnp.asarray(ref["input_ids"])
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    layers = tuple(range(cfg.num_layers))
+    out = forward(target.params, cfg, ids, positions, None, causal_mask(jnp.ones(ids.shape, bool)), capture=layers)
+    logits = lm_head(target.params, out.hidden)
+    assert np.abs(np.asarray(logits) - ref["logits"]).max() <= 1e-4
+    # HF hidden_states[i] (i < L) is the input of layer i; hidden_states[L] is post-norm.
+    assert np.abs(np.asarray(out.captured) - ref["hidden_states"][:-1]).max() <= 1e-4
+    assert np.abs(np.asarray(out.hidden) - ref["hidden_states"][-1]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+def test_incremental_decoding_with_cache_matches(family):
+    directory = os.path.join(FIXTURES, family)
+    ref = np.load(os.path.join(directory, "reference.npz"))
+    target = load_target(directory, with_tokenizer=False)
+    ids = jnp.asarray(ref["input_ids"])
+    b, t = ids.shape
+    p = int(ref["prefix_len"])
+    cache = make_cache(target.cfg, b, 32)
+    out, cache = prefill(target.params, target.cfg, ids[:, :p], jnp.full((b,), p, jnp.int32), cache)
+    got = [lm_head(target.params, out.hidden)]
+    for i in range(p, t):
+        out = forward(target.params, target.cfg, ids[:, i : i + 1], jnp.full((b, 1), i), cache, jnp.ones((b, 1, 1), bool))
+        cache = cache.write(out.k_new, out.v_new, jnp.ones((b,), jnp.int32))
+        got.append(lm_head(target.params, out.hidden))
+    assert np.abs(np.asarray(jnp.concatenate(got, 1)) - ref["step_logits"]).max() <= 1e-4
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_logits_match_transformers(smollm2_target):
+    ref = np.load(os.path.join(FIXTURES, "smollm2_gguf_reference.npz"))
+    ids, lengths = jnp.asarray(ref["prompt_ids"]), jnp.asarray(ref["prompt_lengths"])
+    cache = make_cache(smollm2_target.cfg, ids.shape[0], 64)
+    out, _ = prefill(smollm2_target.params, smollm2_target.cfg, ids, lengths, cache)
+    for back in range(3):  # the last three prompt positions
+        hidden = last_valid(out.hidden, lengths - (2 - back))
+        logits = np.asarray(lm_head(smollm2_target.params, hidden))
+        assert np.abs(logits - ref["last_logits"][:, back]).max() <= 1e-3
+
+
+@pytest.mark.slow
+def test_gguf_tokenizer_and_chat_template_match_transformers(smollm2_target):
+    with open(os.path.join(FIXTURES, "tokenizer_cases.json")) as f:
+        cases = json.load(f)
+    tok = smollm2_target.tokenizer
+    for case in cases["cases"]:
+        assert tok.encode(case["text"], add_special_tokens=False) == case["ids"], case["text"]
+        assert tok.decode(case["ids"]) == case["decoded"]
+    for name, conv in cases["chat_template"].items():
+        rendered = tok.apply_chat_template(conv["messages"], tokenize=False, add_generation_prompt=conv["add_generation_prompt"])
+        assert rendered == conv["rendered"], name
