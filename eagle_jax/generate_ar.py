@@ -48,11 +48,12 @@ def check_prompt_fits(prompt_len: int, cache_len: int) -> None:
 
 
 def prefill(params, cfg: ModelConfig, prompt_tokens, prompt_lengths, cache: KVCache, capture=(), attn_impl="auto"):
-    """Run the prompt (B, P) through the target. Returns (ForwardOutput, cache with the prompt written)."""
+    """Run the prompt (B, P) through the target into an empty cache.
+    Returns (ForwardOutput, cache with the prompt written)."""
     b, p = prompt_tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     valid = positions < prompt_lengths[:, None]
-    out = forward(params, cfg, prompt_tokens, positions, cache, causal_mask(valid), capture=capture, attn_impl=attn_impl)
+    out = forward(params, cfg, prompt_tokens, positions, None, causal_mask(valid), capture=capture, attn_impl=attn_impl)
     return out, cache.write(out.k_new, out.v_new, prompt_lengths)
 
 

@@ -20,6 +20,11 @@ class KVCache:
         shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
+    @classmethod
+    def empty_prefix(cls, num_layers, batch, num_kv_heads, head_dim, dtype) -> "KVCache":
+        """A zero-slot cache: attention sees no prefix (prefill from scratch, training)."""
+        return cls.zeros(num_layers, batch, 0, num_kv_heads, head_dim, dtype)
+
     @property
     def max_len(self) -> int:
         return self.k.shape[2]

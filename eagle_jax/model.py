@@ -75,8 +75,7 @@ def forward(
     layers = params["layers"]
     dtype = params["embed"].dtype
     if cache is None:
-        empty = jnp.zeros((cfg.num_layers, b, 0, cfg.num_kv_heads, cfg.head_dim), dtype)
-        cache = KVCache(empty, empty, jnp.zeros((b,), jnp.int32))
+        cache = KVCache.empty_prefix(cfg.num_layers, b, cfg.num_kv_heads, cfg.head_dim, dtype)
     inv_freq = rope_inverse_frequencies(cfg.rope, cfg.head_dim)
     x = params["embed"][tokens]
 

@@ -47,12 +47,14 @@ def check_draft(cfg: ModelConfig, dcfg: DraftConfig, tree: TreeConfig) -> None:
         raise EagleError(f"top_k={tree.top_k} is larger than the draft vocabulary ({dcfg.draft_vocab_size})")
 
 
-def run_draft_context(dparams, dcfg, params, draft_cache, features, tokens, positions, num_new, attn_impl) -> DraftState:
+def run_draft_context(dparams, dcfg, params, draft_cache, features, tokens, positions, num_new, attn_impl, first=False) -> DraftState:
     """Draft over new context positions: features (B, N, d) at positions (B, N), paired with the
-    next tokens (B, N); the first num_new (B,) are real. Returns the state for the next tree."""
-    n = tokens.shape[1]
+    next tokens (B, N); the first num_new (B,) are real; `first`: the cache is still empty.
+    Returns the state for the next tree."""
+    b, n = tokens.shape
     mask = causal_mask(jnp.arange(n)[None, :] < num_new[:, None])
-    out = draft_forward(dparams, dcfg, params, features, tokens, positions, draft_cache, mask, attn_impl=attn_impl)
+    prefix = KVCache.empty_prefix(1, b, dcfg.num_kv_heads, dcfg.head_dim, features.dtype) if first else draft_cache
+    out = draft_forward(dparams, dcfg, params, features, tokens, positions, prefix, mask, attn_impl=attn_impl)
     last = jnp.maximum(num_new, 1)
     return DraftState(
         draft_cache.write(out.k_new, out.v_new, num_new),
@@ -65,19 +67,17 @@ def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.
     """Grow the tree for root tokens (B,) from the draft state."""
     b, k = root.shape[0], tree.top_k
     cache = state.cache
-    empty = jnp.zeros((b, k * tree.depth, dcfg.num_kv_heads, dcfg.head_dim), cache.k.dtype)
+    no_levels = jnp.zeros((b, 0, dcfg.num_kv_heads, dcfg.head_dim), cache.k.dtype)
 
     def run_level(level_kv, hidden, tokens, level, ancestors):
         positions = jnp.broadcast_to(cache.lengths[:, None] + level, (b, k))
         mask = jnp.concatenate([ancestors, jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k))], axis=-1)
         out = draft_forward(dparams, dcfg, params, hidden, tokens, positions, cache, mask, extra_kv=level_kv, attn_impl=attn_impl)
-        level_kv = tuple(
-            jax.lax.dynamic_update_slice_in_dim(buf, new[0], level * k, axis=1) for buf, new in zip(level_kv, (out.k_new, out.v_new))
-        )
+        level_kv = tuple(jnp.concatenate([buf, new[0]], axis=1) for buf, new in zip(level_kv, (out.k_new, out.v_new)))
         return level_kv, jax.nn.log_softmax(out.logits, axis=-1), out.hidden
 
     to_target = lambda ids: draft_to_target_ids(dparams, dcfg, ids)  # noqa: E731
-    return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (empty, empty), to_target)
+    return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target)
 
 
 def generate_spec(
@@ -116,7 +116,7 @@ def generate_spec(
     next_tokens = jnp.where(positions == prompt_lengths[:, None] - 1, root[:, None], next_tokens)
     draft = run_draft_context(
         dparams, dcfg, params, make_draft_cache(dcfg, b, slack, dtype), project_features(dparams, dcfg, out),
-        next_tokens, positions, prompt_lengths, attn_impl,
+        next_tokens, positions, prompt_lengths, attn_impl, first=True,
     )
     tokens = jnp.full((b, max_new_tokens + path_len), PAD, jnp.int32).at[:, 0].set(root)
     done = is_stop(root, stop_ids) | (max_new_tokens == 1) | (cache.lengths >= cache_len)

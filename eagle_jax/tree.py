@@ -64,9 +64,10 @@ class DraftTree(NamedTuple):
     paths: jax.Array  # (B, T, D+2) int32 node indices root -> node, -1 past the node's depth
 
 
-# run_level(carry, hidden (B, K, d), tokens (B, K), level, ancestors (B, K, K*depth))
-#   -> (carry, log_probs (B, K, Vd), hidden (B, K, d)); ancestors marks the earlier-level draft
-#   slots (level * K + i) each running node descends from; carry is the caller's (its KV buffers).
+# run_level(carry, hidden (B, K, d), tokens (B, K), level, ancestors (B, K, K*level))
+#   -> (carry, log_probs (B, K, Vd), hidden (B, K, d)); ancestors marks the nodes of earlier
+#   levels (slot level' * K + i) each running node descends from; carry is the caller's state
+#   (the draft's KV of earlier levels).
 DraftLevelFn = Callable[..., tuple[Any, jax.Array, jax.Array]]
 
 
@@ -94,7 +95,7 @@ def expand_tree(
     run_tokens = pool_tokens[0]
     run_hidden = jnp.repeat(root_hidden[:, None], k, axis=1)  # (B, K, d)
     run_pool_index = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
-    run_ancestors = jnp.zeros((b, k, k * depth), bool)  # earlier-level draft slots each run node sees
+    run_ancestors = jnp.zeros((b, k, 0), bool)  # earlier-level draft slots each run node descends from
     for level in range(depth):
         carry, log_probs, hidden = run_level(carry, run_hidden, run_tokens, level, run_ancestors)
         child_scores, child_ids = jax.lax.top_k(log_probs, k)  # (B, K, K)
@@ -110,8 +111,7 @@ def expand_tree(
         take = jax.vmap(lambda x, i: x[i])
         run_hidden = take(hidden, rows)
         run_tokens = take(child_tokens, chosen)
-        own_slot = jax.nn.one_hot(level * k + rows, k * depth, dtype=bool)
-        run_ancestors = take(run_ancestors, rows) | own_slot
+        run_ancestors = jnp.concatenate([take(run_ancestors, rows), jax.nn.one_hot(rows, k, dtype=bool)], axis=-1)
         run_pool_index = k + level * k * k + chosen
     return select_nodes(
         tree, root_tokens, jnp.concatenate(pool_scores, 1), jnp.concatenate(pool_tokens, 1), jnp.concatenate(pool_parents, 1)

@@ -62,21 +62,20 @@ def pack_mask_words(
     groups: int,
     rows: int,
     key_block: int,
+    key_blocks: int,
 ) -> jax.Array:  # (B, nT, W, rows, 1) int32
     """Packs the new-block mask into per-row bit words, one group of W words per key block.
 
-    Query t's mask is repeated for its G packed rows; padded rows and padded keys get 0 bits, so a
-    padded key is never visible. nT = ceil(Tk / key_block), W = ceil(key_block / 32). The trailing
-    unit axis lets a kernel load one word column as a (rows, 1) tile.
+    nT = key_blocks (covering Tk), W = ceil(key_block / 32). Query t's words are repeated for its
+    G packed rows; padded rows and padded keys get 0 bits, so a padded key is never visible. The
+    trailing unit axis lets a kernel load one word column as a (rows, 1) tile.
     """
-    b, tq, tk = block_mask.shape
-    n_blocks = math.ceil(tk / key_block)
+    b, tq, _ = block_mask.shape
     width = words_per_block(key_block)
-    mask = jnp.repeat(block_mask, groups, axis=1)  # (B, Tq * G, Tk)
-    mask = pad_axis(pad_axis(mask, 1, rows), 2, n_blocks * key_block)
-    mask = mask.reshape(b, rows, n_blocks, key_block)
-    mask = pad_axis(mask, 3, width * BITS_PER_WORD).reshape(b, rows, n_blocks, width, BITS_PER_WORD)
+    mask = pad_axis(block_mask, 2, key_blocks * key_block).reshape(b, tq, key_blocks, key_block)
+    mask = pad_axis(mask, 3, width * BITS_PER_WORD).reshape(b, tq, key_blocks, width, BITS_PER_WORD)
     weights = jnp.left_shift(jnp.uint32(1), jnp.arange(BITS_PER_WORD, dtype=jnp.uint32))  # (32,)
     words = jnp.sum(jnp.where(mask, weights, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
-    words = jax.lax.bitcast_convert_type(words, jnp.int32)  # (B, rows, nT, W)
+    words = jax.lax.bitcast_convert_type(words, jnp.int32)  # (B, Tq, nT, W)
+    words = pad_axis(jnp.repeat(words, groups, axis=1), 1, rows)  # (B, rows, nT, W)
     return words.transpose(0, 2, 3, 1)[..., None]

@@ -103,16 +103,16 @@ def tree_attention_gpu(
     block_q = min(block_q, layout.next_power_of_2(max(tq * groups, _MIN_TILE)))
     rows = layout.round_up(tq * groups, block_q)
     block_k = min(block_k, layout.next_power_of_2(max(s, _MIN_TILE)))
-    s_pad = layout.round_up(s, block_k)
+    s_pad = layout.round_up(max(s, 1), block_k)  # an empty cache or block becomes one hidden block
     block_new = min(block_new, layout.next_power_of_2(max(tk, _MIN_TILE)))
-    tk_pad = layout.round_up(tk, block_new)
+    tk_pad = layout.round_up(max(tk, 1), block_new)
     n_new_blocks = tk_pad // block_new
     width = layout.words_per_block(block_new)
 
     q_rows = layout.pack_query_rows(q, kv, rows)  # (B, KV, rows, D)
     k_cache, v_cache = (layout.pad_axis(x, 1, s_pad) for x in (k_cache, v_cache))
     k_new, v_new = (layout.pad_axis(x, 1, tk_pad) for x in (k_new, v_new))
-    words = layout.pack_mask_words(block_mask, groups, rows, block_new)  # (B, nT, W, rows, 1)
+    words = layout.pack_mask_words(block_mask, groups, rows, block_new, n_new_blocks)  # (B, nT, W, rows, 1)
     lengths = jnp.clip(lengths.astype(jnp.int32), 0, s)
 
     row_tile = pl.BlockSpec((None, None, block_q, d), lambda i, j, r: (i, j, r, 0))

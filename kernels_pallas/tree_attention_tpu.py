@@ -4,7 +4,7 @@ Grid (batch row, kv-head group, query tile, key step). The key steps walk the ca
 blocks of `block_k`, then the new keys in blocks of `block_new`, carrying one online softmax in
 VMEM scratch. The row lengths are scalar-prefetched: the cache index map clamps the block index
 to the row's last visible block, so blocks past the length are neither copied (an unchanged block
-index skips the DMA) nor computed (`pl.when`).
+index skips the DMA) nor computed (`pl.when`); only the empty grid steps remain.
 
 TPU blocks must end in (8k, 128k) or span the full array dims. The caches are read as
 (B, S, KV * D) views (free reshapes, no copy), and one block holds the D-lane slices of `hb` kv
@@ -87,10 +87,12 @@ def _kernel(
         total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
+    def state_of(j: int) -> SoftmaxState:
+        return SoftmaxState(peak_ref[j, :, :1], total_ref[j, :, :1], acc_ref[j])
+
     def attend(k, v, visible):
         for j in range(hb):
-            state = SoftmaxState(peak_ref[j, :, :1], total_ref[j, :, :1], acc_ref[j])
-            state = attend_block(state, q_ref[j], k, v, visible, scale)
+            state = attend_block(state_of(j), q_ref[j], k, v, visible, scale)
             peak_ref[j] = jnp.broadcast_to(state.peak, (rows, _LANES))
             total_ref[j] = jnp.broadcast_to(state.total, (rows, _LANES))
             acc_ref[j] = state.acc
@@ -112,8 +114,7 @@ def _kernel(
         head_of_lane = jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (rows, width), 1), head_dim)
         out = jnp.zeros((rows, width), jnp.float32)
         for j in range(hb):
-            state = SoftmaxState(peak_ref[j, :, :1], total_ref[j, :, :1], acc_ref[j])
-            out = jnp.where(head_of_lane == j, finish(state), out)
+            out = jnp.where(head_of_lane == j, finish(state_of(j)), out)
         out_ref[...] = out.astype(out_ref.dtype)
 
 
@@ -148,17 +149,17 @@ def tree_attention_tpu(
 
     block_q = min(block_q, layout.round_up(tq * groups, _SUBLANES))
     rows = layout.round_up(tq * groups, block_q)
-    block_k = min(block_k, layout.round_up(s, _SUBLANES))
-    s_pad = layout.round_up(s, block_k)
-    block_new = min(block_new, layout.round_up(tk, _SUBLANES))
-    tk_pad = layout.round_up(tk, block_new)
+    block_k = min(block_k, layout.round_up(max(s, 1), _SUBLANES))
+    s_pad = layout.round_up(max(s, 1), block_k)  # an empty cache or block becomes one hidden block
+    block_new = min(block_new, layout.round_up(max(tk, 1), _SUBLANES))
+    tk_pad = layout.round_up(max(tk, 1), block_new)
     prefix_blocks, new_blocks = s_pad // block_k, tk_pad // block_new
     width = layout.words_per_block(block_new)
 
     q_lanes = _spread_heads(layout.pack_query_rows(q, kv, rows), hb)  # (B, KV/hb, hb, rows, hb*D)
     k_cache, v_cache = (layout.pad_axis(x, 1, s_pad).reshape(b, s_pad, kv * d) for x in (k_cache, v_cache))
     k_new, v_new = (layout.pad_axis(x, 1, tk_pad).reshape(b, tk_pad, kv * d) for x in (k_new, v_new))
-    words = layout.pack_mask_words(block_mask, groups, rows, block_new)  # (B, nT, W, rows, 1)
+    words = layout.pack_mask_words(block_mask, groups, rows, block_new, new_blocks)  # (B, nT, W, rows, 1)
     lengths = jnp.clip(lengths.astype(jnp.int32), 0, s)
 
     def cache_map(i, g, r, step, lengths_ref):

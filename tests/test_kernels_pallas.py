@@ -1,15 +1,18 @@
 """Pallas tree-attention kernels: interpret-mode results against the jnp reference, and lowering.
 
 Interpret mode runs each kernel's own block logic on CPU (grid, prefix skipping, bit-packed mask),
-so these compare numerics; the lowering tests check that each kernel gets through its real
-backend lowering (Mosaic for TPU, Triton for an abstract H200) and that the emitted kernel module
-passes the MLIR verifier. Neither compiles machine code: that needs the device.
+so these compare numerics. The lowering tests check that each kernel gets through its real
+backend lowering (Mosaic for an abstract TPU v5e, Triton for an abstract H200) and that the emitted
+kernel module passes the MLIR verifier. Where the `triton` package is installed, the Triton module
+is also built to an sm_90 cubin; the Mosaic module cannot be compiled without a TPU.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -102,6 +105,9 @@ CASES = {
     "prefill_causal": Case(2, 16, 16, 4, 4, 64, 48, (0, 33), "causal", F32),
     # draft-tree expansion: K = 4 nodes against K * 3 tree keys
     "draft_expansion": Case(2, 4, 12, 8, 2, 128, 64, (10, 64), "random", F32),
+    # degenerate sizes: no cache slots at all; no new keys (attention over the prefix only)
+    "empty_cache": Case(1, 6, 6, 4, 2, 64, 0, (0,), "causal", F32),
+    "no_new_keys": Case(2, 3, 0, 4, 2, 64, 40, (40, 7), "random", F32),
 }
 # Small blocks so that the small cases still cross several prefix, query and new-key blocks.
 SMALL_BLOCKS = {"block_q": 16, "block_k": 32, "block_new": 32}
@@ -239,18 +245,55 @@ def test_tpu_kernel_lowers_for_tpu(name: str) -> None:
     assert "tpu.dimension_semantics<arbitrary>" in kernel and "scalar_prefetch = 1" in kernel
 
 
-@pytest.mark.parametrize("name", LOWERING_CASES)
-def test_gpu_kernel_lowers_for_cuda(name: str) -> None:
+def lower_gpu_kernel(case: Case) -> ir.Operation:
+    """The Triton custom call of the GPU kernel lowered for an abstract H200."""
     with warnings.catch_warnings():
         # jax 0.12 marks the Pallas Triton backend deprecated (Mosaic GPU replaces it); it is
         # still the default GPU lowering of pallas_call in jax 0.11 and 0.12.
         warnings.simplefilter("ignore", DeprecationWarning)
         with jax.sharding.use_abstract_mesh(abstract_mesh("NVIDIA H200", "cuda")):
-            lowered = tree_attention_gpu.trace(*abstract_shapes(LOWERING_CASES[name])).lower(
+            lowered = tree_attention_gpu.trace(*abstract_shapes(case)).lower(
                 lowering_platforms=("cuda",)
             )
-    kernel = verify_triton_module(custom_call(lowered, "__gpu$xla.gpu.triton"))
+    return custom_call(lowered, "__gpu$xla.gpu.triton")
+
+
+@pytest.mark.parametrize("name", LOWERING_CASES)
+def test_gpu_kernel_lowers_for_cuda(name: str) -> None:
+    kernel = verify_triton_module(lower_gpu_kernel(LOWERING_CASES[name]))
     assert "tt.dot" in kernel and "scf.for" in kernel
+
+
+COMPILE_TTIR = """
+import sys, triton
+from triton.backends.compiler import GPUTarget
+for path in sys.argv[1:]:
+    kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert kernel.asm["cubin"], path
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="needs the triton package (ships ptxas)"
+)
+def test_gpu_kernel_compiles_to_sm90_cubin(tmp_path: pathlib.Path) -> None:
+    """Builds the lowered Triton IR down to an sm_90 cubin with Triton's own compiler and ptxas.
+
+    That is OpenAI Triton, not the Triton fork inside XLA that compiles it on a real GPU, so a
+    pass here is strong evidence, not proof. It runs in a subprocess to keep Triton's LLVM out of
+    this process, and needs no GPU.
+    """
+    paths = []
+    for name in ("verify_t64_gqa4_d128_bf16", "verify_t60_gqa3_d64_f32"):
+        path = tmp_path / f"{name}.ttir"
+        path.write_text(verify_triton_module(lower_gpu_kernel(LOWERING_CASES[name])))
+        paths.append(str(path))
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_DEFAULT_FP_FUSION": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE_TTIR, *paths],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_device_check_script_smoke(tmp_path: pathlib.Path) -> None:

@@ -1,0 +1,217 @@
+"""Speculative generate is lossless: greedy output equals plain greedy output token for token;
+sampled output follows the target distribution (chi-square against the exact law)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from eagle_jax.draft import DraftConfig, init_draft_params
+from eagle_jax.errors import EagleError
+from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
+from eagle_jax.model import causal_mask, forward, init_params, lm_head
+from eagle_jax.sampling import SamplingConfig, processed_log_probs
+from eagle_jax.speculative import generate_spec, generate_spec_jit
+from eagle_jax.tree import TreeConfig
+
+# A small vocabulary makes random heads right often enough to exercise deep accepted paths.
+CFG = tiny_config(vocab_size=8)
+PARAMS = init_params(jax.random.key(0), CFG, scale=0.3)
+PROMPTS = pad_prompts([[1, 2, 3, 4, 5], [7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3], [3], [5, 6, 7]], multiple=16)
+HEADS = {
+    "eagle1": dict(kind="eagle1"),
+    "eagle3": dict(kind="eagle3"),
+    "eagle3-fc_norm": dict(kind="eagle3", fc_norm=True),
+    "eagle3-norm_output": dict(kind="eagle3", norm_output=True, norm_before_residual=True),
+}
+
+
+def head(name, seed=1):
+    dcfg = DraftConfig.for_target(CFG, **HEADS[name])
+    return dcfg, init_draft_params(jax.random.key(seed), dcfg, scale=0.3)
+
+
+def run_both(dcfg, dparams, tree, prompts=PROMPTS, params=PARAMS, cfg=CFG, **kw):
+    kw = dict(max_new_tokens=40, cache_len=64, stop_ids=()) | kw
+    ar = generate_ar_jit(params, cfg, *prompts, jax.random.key(0), **kw)
+    spec = generate_spec_jit(params, cfg, dparams, dcfg, *prompts, jax.random.key(0), tree=tree, **kw)
+    return jax.tree.map(np.asarray, ar), jax.tree.map(np.asarray, spec)
+
+
+@pytest.mark.parametrize(
+    "head_name, tree",
+    [
+        ("eagle1", TreeConfig(4, 3, 16)),
+        ("eagle3", TreeConfig(4, 3, 16)),
+        ("eagle3-fc_norm", TreeConfig(3, 2, 8)),
+        ("eagle3-norm_output", TreeConfig(2, 4, 12)),
+        ("eagle3", TreeConfig.chain(4)),
+        ("eagle1", TreeConfig(2, 2, 6, "static")),
+    ],
+)
+def test_greedy_speculative_equals_greedy_plain(head_name, tree):
+    ar, spec = run_both(*head(head_name), tree, stop_ids=(7,))
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    np.testing.assert_array_equal(spec.num_tokens, ar.num_tokens)
+    assert spec.accept_histogram[:, 1:].sum() > 0  # some rounds accepted draft tokens
+    assert (spec.accept_histogram.sum(1) == spec.rounds).all()
+
+
+def test_greedy_batch_one():
+    prompts = pad_prompts([[4, 1, 2, 6]], multiple=8)
+    ar, spec = run_both(*head("eagle3"), TreeConfig(3, 3, 10), prompts=prompts)
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+
+
+def bigram_target_and_perfect_eagle1():
+    """A target whose layers add nothing and whose lm_head maps token x to x + 1 (mod V), and an
+    EAGLE-1 head that reproduces it exactly: the fc passes the embedding through, its layer adds
+    nothing."""
+    cfg = tiny_config(vocab_size=16)
+    params = init_params(jax.random.key(3), cfg, scale=0.5)
+    embed = params["embed"] / jnp.linalg.norm(params["embed"], axis=-1, keepdims=True)
+    params["embed"] = embed
+    params["lm_head"] = 10 * jnp.roll(embed, 1, axis=0).T  # logit of y is <e_x, e_(y-1)>
+    params["layers"]["wo"] = jnp.zeros_like(params["layers"]["wo"])
+    params["layers"]["w_down"] = jnp.zeros_like(params["layers"]["w_down"])
+    params["final_norm"] = jnp.ones_like(params["final_norm"])
+    dcfg = DraftConfig.for_target(cfg, kind="eagle1")
+    dparams = init_draft_params(jax.random.key(4), dcfg)
+    d = cfg.hidden_size
+    dparams["fc"] = jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))])
+    dparams["layer"]["wo"] = jnp.zeros_like(dparams["layer"]["wo"])
+    dparams["layer"]["w_down"] = jnp.zeros_like(dparams["layer"]["w_down"])
+    return cfg, params, dcfg, dparams
+
+
+def test_perfect_draft_accepts_full_depth_and_stops_inside_a_path():
+    cfg, params, dcfg, dparams = bigram_target_and_perfect_eagle1()
+    tree = TreeConfig(2, 3, 15)  # the budget holds the whole pool, so the greedy chain is in it
+    prompts = pad_prompts([[1, 2], [5]], multiple=8)
+    ar, spec = run_both(dcfg, dparams, tree, prompts=prompts, params=params, cfg=cfg, max_new_tokens=30)
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    assert (spec.accept_histogram[:, tree.depth + 1] == spec.rounds).all()  # every round accepts all D+1
+    assert (ar.tokens[:, 1:] == (ar.tokens[:, :-1] + 1) % 16).all()
+    # a stop token that falls on an accepted draft slot (not the bonus) ends generation there
+    row = ar.tokens[0]
+    slot = next(i for i in range(2, 30) if row[i] not in row[:i] and (i - 1) % tree.max_path != tree.max_path - 1)
+    ar, spec = run_both(dcfg, dparams, tree, prompts=prompts, params=params, cfg=cfg, max_new_tokens=30, stop_ids=(int(row[slot]),))
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    assert spec.num_tokens[0] == slot + 1
+
+
+def test_cache_that_fills_up_stops_like_plain_decoding():
+    ar, spec = run_both(*head("eagle3"), TreeConfig(3, 3, 12), max_new_tokens=60, cache_len=32)
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    lengths = np.asarray(PROMPTS[1])
+    np.testing.assert_array_equal(spec.num_tokens, 1 + 32 - lengths)
+
+
+def test_compiled_generate_is_one_loop_without_host_callbacks():
+    dcfg, dparams = head("eagle3")
+    fn = lambda *a: generate_spec(*a, max_new_tokens=8, cache_len=32, tree=TreeConfig(2, 2, 6))  # noqa: E731
+    jaxpr = jax.make_jaxpr(fn, static_argnums=(1, 3))(PARAMS, CFG, dparams, dcfg, *PROMPTS, jax.random.key(0))
+    top_level = [e.primitive.name for e in jaxpr.jaxpr.eqns]
+    assert top_level.count("while") == 1
+
+    def primitives(jx):
+        for e in jx.eqns:
+            yield e.primitive.name
+            for value in e.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    sub = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
+                    if hasattr(sub, "eqns"):
+                        yield from primitives(sub)
+
+    names = set(primitives(jaxpr.jaxpr))
+    assert {"dot_general", "while"} <= names  # the walk reaches inside the loop
+    assert not names & {"pure_callback", "io_callback", "debug_callback", "callback"}
+    text = jax.jit(fn, static_argnums=(1, 3)).lower(PARAMS, CFG, dparams, dcfg, *PROMPTS, jax.random.key(0)).as_text()
+    assert "callback" not in text
+
+
+def test_callable_inside_a_users_jit():
+    dcfg, dparams = head("eagle1")
+
+    @jax.jit
+    def user_fn(params, dparams, tokens, lengths):
+        out = generate_spec(params, CFG, dparams, dcfg, tokens, lengths, jax.random.key(0), max_new_tokens=6, cache_len=32, tree=TreeConfig(2, 1, 4))
+        return out.tokens.sum() + out.rounds.sum()
+
+    assert user_fn(PARAMS, dparams, *PROMPTS).shape == ()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(tree=TreeConfig(8, 1, 4)), "larger than the draft vocabulary"),
+        (dict(dcfg_override=dict(target_hidden_size=64)), "target hidden size"),
+        (dict(cache_len=16), "does not fit a cache"),
+    ],
+)
+def test_bad_input_gives_one_line_errors(change, message):
+    dcfg = DraftConfig.for_target(CFG, kind="eagle3", draft_vocab_size=4, **change.pop("dcfg_override", {}))
+    dparams = init_draft_params(jax.random.key(0), dcfg)
+    kw = dict(max_new_tokens=4, cache_len=32, tree=TreeConfig(2, 1, 4)) | change
+    with pytest.raises(EagleError, match=message):
+        generate_spec(PARAMS, CFG, dparams, dcfg, *PROMPTS, jax.random.key(0), **kw)
+
+
+# ---------------------------------------------------------------- sampling is lossless
+
+def exact_law(params, cfg, prompt, sampling, n):
+    """Exact probability of every continuation (x0..x_{n-1}) under plain sampling: (V,)*n array."""
+    v = cfg.vocab_size
+    seqs = np.array(np.meshgrid(*[np.arange(v)] * n, indexing="ij")).reshape(n, -1).T  # (V**n, n)
+    full = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], axis=1)
+    ids = jnp.asarray(full, jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    out = forward(params, cfg, ids, pos, None, causal_mask(jnp.ones(ids.shape, bool)), attn_impl="xla")
+    logp = np.asarray(processed_log_probs(lm_head(params, out.hidden), sampling))  # (N, L, V)
+    p0 = len(prompt) - 1
+    total = sum(logp[np.arange(len(seqs)), p0 + j, seqs[:, j]] for j in range(n))
+    return np.exp(total).reshape((v,) * n)
+
+
+def chi_square_p(counts, probs, min_expected=5.0):
+    """p-value of a chi-square goodness-of-fit test; cells with small expectation are pooled."""
+    expected = probs * counts.sum()
+    small = expected < min_expected
+    obs = np.append(counts[~small], counts[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    stat = float(np.sum((obs[keep] - exp[keep]) ** 2 / exp[keep]))
+    dof = int(keep.sum()) - 1
+    return float(jax.scipy.special.gammaincc(dof / 2, stat / 2))
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9)])
+def test_speculative_sampling_follows_the_target_distribution(sampling):
+    n_tokens, samples = 3, 24_000
+    cfg = tiny_config(vocab_size=6)
+    params = init_params(jax.random.key(5), cfg, scale=0.4)
+    dcfg = DraftConfig.for_target(cfg, kind="eagle3", draft_vocab_size=6)
+    dparams = init_draft_params(jax.random.key(6), dcfg, scale=0.4)
+    prompt = np.array([1, 4, 2], np.int32)
+    tokens = jnp.asarray(np.broadcast_to(prompt, (samples, 3)))
+    lengths = jnp.full((samples,), 3, jnp.int32)
+    out = generate_spec_jit(
+        params, cfg, dparams, dcfg, tokens, lengths, jax.random.key(11),
+        max_new_tokens=n_tokens, cache_len=16, tree=TreeConfig(3, 1, 7), sampling=sampling,
+    )
+    assert np.asarray(out.accept_histogram)[:, 1:].sum() > samples // 4  # drafts were accepted often
+    seqs = np.asarray(out.tokens)
+    counts = np.zeros((cfg.vocab_size,) * n_tokens)
+    np.add.at(counts, tuple(seqs.T), 1)
+    law = exact_law(params, cfg, prompt, sampling, n_tokens)
+    assert abs(law.sum() - 1) < 1e-4
+    assert chi_square_p(counts.ravel(), law.ravel()) > 1e-3
+    # the same test has the power to see a 2% bias: move 2% of the mass of the likeliest sequence
+    biased = law.ravel().copy()
+    top, second = np.argsort(-biased)[:2]
+    biased[top] -= 0.02
+    biased[second] += 0.02
+    assert chi_square_p(counts.ravel(), biased) < 1e-3

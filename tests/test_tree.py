@@ -1,0 +1,121 @@
+"""Property tests of the dynamic draft tree and greedy acceptance on hand-made draft/target tables."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from eagle_jax.accept import accept_greedy, children_table
+from eagle_jax.errors import EagleError
+from eagle_jax.tree import TreeConfig, expand_tree
+
+VOCAB = 12
+
+
+def table_draft(table):
+    """A draft whose next-token log-probs depend only on the current token: log_softmax(table[token])."""
+
+    def run_level(carry, hidden, tokens, level, ancestors):
+        return carry, jax.nn.log_softmax(table[tokens], axis=-1), hidden
+
+    return run_level
+
+
+def build(tree: TreeConfig, table, roots):
+    b = roots.shape[0]
+    root_lp = jax.nn.log_softmax(table[roots], axis=-1)
+    return expand_tree(tree, roots, root_lp, jnp.zeros((b, 4)), table_draft(table), None, lambda ids: ids)
+
+
+trees = st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(2, 40), st.sampled_from(["dynamic", "static"])).filter(
+    lambda t: t[2] <= 1 + t[0] + t[1] * t[0] ** 2
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree_args=trees, seed=st.integers(0, 2**16))
+def test_tree_structure_invariants(tree_args, seed):
+    k, depth, nodes, scoring = tree_args
+    tree = TreeConfig(k, depth, nodes, scoring)
+    rng = np.random.default_rng(seed)
+    table = jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * 3, jnp.float32)
+    roots = jnp.asarray(rng.integers(0, VOCAB, size=3), jnp.int32)
+    t = jax.tree.map(np.asarray, build(tree, table, roots))
+    assert t.tokens.shape == (3, nodes) and t.ancestor_mask.shape == (3, nodes, nodes)
+    for b in range(3):
+        mask, parents, depths = t.ancestor_mask[b], t.parents[b], t.depths[b]
+        assert mask.diagonal().all()  # reflexive
+        assert t.tokens[b, 0] == roots[b] and parents[0] == 0 and depths[0] == 0
+        for r in range(1, nodes):
+            assert parents[r] < r  # parents precede children
+            assert depths[r] == depths[parents[r]] + 1 <= depth + 1
+            # ancestor-closed: r's ancestors are exactly its parent's ancestors plus itself
+            expected = mask[parents[r]].copy()
+            expected[r] = True
+            np.testing.assert_array_equal(mask[r], expected)
+            path = t.paths[b, r]
+            assert path[0] == 0 and path[depths[r]] == r and (path[depths[r] + 1 :] == -1).all()
+            assert len([p for p in path if p >= 0]) == depths[r] + 1  # depth = path length - 1
+            for d in range(1, depths[r] + 1):
+                assert parents[path[d]] == path[d - 1]
+        # siblings carry distinct tokens (top-k children of one node)
+        for r in range(nodes):
+            kids = [c for c in range(1, nodes) if parents[c] == r]
+            assert len(set(t.tokens[b, kids])) == len(kids)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree_args=trees, seed=st.integers(0, 2**16))
+def test_perfect_draft_accepts_the_whole_best_path(tree_args, seed):
+    """When the target's argmax follows the draft's top-1 child, greedy acceptance walks the
+    greedy chain as deep as the tree holds it and the bonus is the next chain token."""
+    tree = TreeConfig(*tree_args)
+    rng = np.random.default_rng(seed)
+    table = jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * 3, jnp.float32)
+    roots = jnp.asarray(rng.integers(0, VOCAB, size=2), jnp.int32)
+    t = build(tree, table, roots)
+    logits = table[t.tokens]  # target logits at each node = the draft's table
+    acc = jax.tree.map(np.asarray, accept_greedy(t, logits))
+    tokens, parents = np.asarray(t.tokens), np.asarray(t.parents)
+    greedy_next = np.argmax(np.asarray(table), axis=-1)
+    for b in range(2):
+        node, depth = 0, 0
+        while True:
+            kids = [c for c in range(1, tree.num_nodes) if parents[b, c] == node and tokens[b, c] == greedy_next[tokens[b, node]]]
+            if not kids:
+                break
+            node, depth = kids[0], depth + 1
+        assert acc.node[b] == node and acc.num_accepted[b] == depth
+        assert acc.bonus[b] == greedy_next[tokens[b, node]]
+
+
+def test_chain_is_a_single_path():
+    tree = TreeConfig.chain(4)
+    table = jnp.asarray(np.random.default_rng(0).normal(size=(VOCAB, VOCAB)), jnp.float32)
+    t = build(tree, table, jnp.array([3], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(t.parents[0]), [0, 0, 1, 2, 3])
+    np.testing.assert_array_equal(np.asarray(t.depths[0]), [0, 1, 2, 3, 4])
+
+
+def test_static_tree_shape_does_not_depend_on_the_draft():
+    tree = TreeConfig(3, 2, 10, "static")
+    rng = np.random.default_rng(1)
+    shapes = {tuple(np.asarray(build(tree, jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * 4, jnp.float32), jnp.array([i])).parents[0])) for i in range(5)}
+    assert len(shapes) == 1
+
+
+def test_children_table_orders_siblings_by_node_index():
+    parents = jnp.array([0, 0, 0, 1, 1, 2, 3])
+    np.testing.assert_array_equal(np.asarray(children_table(parents, 3)), [[1, 2, -1], [3, 4, -1], [5, -1, -1], [6, -1, -1], [-1] * 3, [-1] * 3, [-1] * 3])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((2, 2, 12), "num_nodes=12 does not fit"), ((2, 2, 1), "num_nodes=1 does not fit"), ((0, 2, 4), "top_k >= 1"), ((2, 2, 4, "wide"), "unknown tree scoring")],
+)
+def test_bad_tree_budgets_are_refused(args, message):
+    with pytest.raises(EagleError, match=message):
+        TreeConfig(*args)
