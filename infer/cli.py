@@ -1,1 +1,129 @@
-def main(): print('ok')
+"""`eagle-jax` command line: generate, bench, train."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from eagle_jax.errors import EagleError  # noqa: E402
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    from eagle_jax.loading.registry import DEFAULT_MODEL
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in name, HF directory or .gguf file (default: {DEFAULT_MODEL})")
+    p.add_argument("--draft", default=None, help="draft head directory (ours, EAGLE-1/2, EAGLE-3, speculators layouts)")
+    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k-sampling", type=int, default=0, help="target-side top-k sampling (0 = off)")
+    p.add_argument("--top-k", type=positive_int, default=None, help="draft tree: children per expanded node")
+    p.add_argument("--depth", type=int, default=None, help="draft tree: expansion passes after the first")
+    p.add_argument("--num-nodes", type=positive_int, default=None, help="draft tree: nodes verified per round, root included")
+    p.add_argument("--cache-len", type=positive_int, default=None, help="KV cache slots (default: fits prompt + max new tokens)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--attention", choices=("auto", "xla", "pallas", "pallas_interpret"), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_engine(args):
+    """Engine from parsed model/draft/tree/sampling arguments."""
+    import jax.numpy as jnp
+
+    from eagle_jax.draft.checkpoint import load_draft
+    from eagle_jax.infer.engine import Engine
+    from eagle_jax.loading import load_target
+    from eagle_jax.sampling import SamplingConfig
+    from eagle_jax.tree import TreeConfig
+
+    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    target = load_target(args.model, dtype=dtype)
+    draft = None
+    if not args.no_spec:
+        if args.draft is None:
+            raise EagleError("no draft head given: pass --draft DIR, or --no-spec for plain decoding")
+        draft = load_draft(args.draft, target.cfg, dtype=dtype)
+    defaults = TreeConfig()
+    tree = TreeConfig(
+        top_k=args.top_k or defaults.top_k,
+        depth=defaults.depth if args.depth is None else args.depth,
+        num_nodes=args.num_nodes or defaults.num_nodes,
+    )
+    sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
+    return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention)
+
+
+def cmd_generate(args) -> int:
+    engine = build_engine(args)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
+    ids = engine.encode_chat(messages, raw=args.raw)
+    result = engine.run([ids], speculative=not args.no_spec, seed=args.seed)
+    text = engine.decode(result.tokens[0])
+    n = result.new_tokens
+    report = {
+        "text": text,
+        "new_tokens": n,
+        "tokens_per_s": n / result.wall_s,
+        "wall_s": result.wall_s,
+        "compile_s": result.compile_s,
+        "mode": "plain" if args.no_spec else "speculative",
+    }
+    if not args.no_spec:
+        report.update(tau=result.tau, rounds=sum(result.rounds), tree=vars(engine.tree))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(text)
+    line = f"[{report['mode']}] {n} tokens in {result.wall_s:.2f}s ({report['tokens_per_s']:.1f} tok/s, compile {result.compile_s:.1f}s)"
+    if not args.no_spec:
+        line += f", tau {result.tau:.2f} over {sum(result.rounds)} rounds"
+    print(line, file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle-jax", description="EAGLE speculative decoding in JAX")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate an answer to one prompt")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--system", default=None, help="system prompt (default: the chat template's)")
+    gen.add_argument("--raw", action="store_true", help="feed the prompt as raw text, without the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_arguments(gen)
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except EagleError as e:
+        print(f"eagle-jax: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
