@@ -79,24 +79,29 @@ def forward(
     inv_freq = rope_inverse_frequencies(cfg.rope, cfg.head_dim)
     x = params["embed"][tokens]
 
-    def body(x, xs):
-        p, k_cache, v_cache = xs
-        x, k, v = decoder_layer(cfg, p, x, positions, k_cache, v_cache, cache.lengths, block_mask, inv_freq, attn_impl)
-        return x, (k, v)
+    # Slot of each captured layer's input in `stored`; other layers write to a spare last slot.
+    layers_kept = sorted(set(capture))
+    slot_of_layer = [len(layers_kept)] * cfg.num_layers
+    for slot, layer in enumerate(layers_kept):
+        slot_of_layer[layer] = slot
+    stored = jnp.zeros((len(layers_kept) + 1, b, t, cfg.hidden_size), dtype) if capture else None
 
-    # Scan the layers in segments split at the captured indices (one compiled body per segment).
-    bounds = sorted({0, cfg.num_layers, *capture})
-    captured = {}
-    k_parts, v_parts = [], []
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        captured[start] = x
-        seg = jax.tree.map(lambda a: a[start:stop], layers)
-        x, (k, v) = jax.lax.scan(body, x, (seg, cache.k[start:stop], cache.v[start:stop]))
-        k_parts.append(k)
-        v_parts.append(v)
+    def body(carry, xs):
+        x, stored = carry
+        p, k_cache, v_cache, slot = xs
+        if capture:
+            stored = jax.lax.dynamic_update_index_in_dim(stored, x, slot, axis=0)
+        x, k, v = decoder_layer(cfg, p, x, positions, k_cache, v_cache, cache.lengths, block_mask, inv_freq, attn_impl)
+        return (x, stored), (k, v)
+
+    xs = (layers, cache.k, cache.v, jnp.asarray(slot_of_layer, jnp.int32))
+    (x, stored), (k_new, v_new) = jax.lax.scan(body, (x, stored), xs)
+    if capture:
+        captured = stored[jnp.asarray([layers_kept.index(i) for i in capture])]
+    else:
+        captured = jnp.zeros((0, b, t, cfg.hidden_size), dtype)
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    stacked = jnp.stack([captured[i] for i in capture]) if capture else jnp.zeros((0, b, t, cfg.hidden_size), dtype)
-    return ForwardOutput(hidden, stacked, jnp.concatenate(k_parts), jnp.concatenate(v_parts))
+    return ForwardOutput(hidden, captured, k_new, v_new)
 
 
 def lm_head(params: dict, hidden: jax.Array) -> jax.Array:
