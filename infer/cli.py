@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_arguments(gen)
     gen.set_defaults(func=cmd_generate)
+
     return parser
 
 

@@ -215,3 +215,27 @@ def test_speculative_sampling_follows_the_target_distribution(sampling):
     biased[top] -= 0.02
     biased[second] += 0.02
     assert chi_square_p(counts.ravel(), biased) < 1e-3
+
+
+def test_greedy_equality_with_pallas_kernels_in_interpret_mode():
+    dcfg, dparams = head("eagle3")
+    ar, spec = run_both(dcfg, dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32, attn_impl="pallas_interpret")
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    ar_xla, _ = run_both(dcfg, dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32, attn_impl="xla")
+    np.testing.assert_array_equal(ar.tokens, ar_xla.tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_target, kind):
+    cfg, params = smollm2_target.cfg, smollm2_target.params
+    tok = smollm2_target.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+               for q in ("Name three colors.", "What is 12 times 7?")]
+    prompts = pad_prompts([list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts])
+    dcfg = DraftConfig.for_target(cfg, kind=kind, draft_vocab_size=4096)
+    dparams = init_draft_params(jax.random.key(0), dcfg)
+    kw = dict(max_new_tokens=24, cache_len=128, stop_ids=smollm2_target.stop_ids)
+    ar = generate_ar_jit(params, cfg, *prompts, jax.random.key(0), **kw)
+    spec = generate_spec_jit(params, cfg, dparams, dcfg, *prompts, jax.random.key(0), tree=TreeConfig(4, 3, 12), **kw)
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))

@@ -1,0 +1,83 @@
+"""The eagle-jax command line: one-line errors for bad input; a real SmolLM2 answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from eagle_jax.infer.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code, err, fragment):
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("eagle-jax: error:") and fragment in lines[0], err
+
+
+def test_unknown_model_name(capsys):
+    code, _, err = run_cli(capsys, "generate", "--no-spec", "--prompt", "hi", "--model", "llama-9000")
+    assert_one_line_error(code, err, "unknown model 'llama-9000'")
+
+
+def test_missing_gguf_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "generate", "--no-spec", "--prompt", "hi", "--model", str(tmp_path / "nope.gguf"))
+    assert_one_line_error(code, err, "does not exist")
+
+
+def test_corrupt_gguf_file(capsys, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(64))
+    code, _, err = run_cli(capsys, "generate", "--no-spec", "--prompt", "hi", "--model", str(bad))
+    assert_one_line_error(code, err, "is not a readable GGUF file")
+
+
+def test_unsupported_architecture(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPTNeoXForCausalLM"]}))
+    code, _, err = run_cli(capsys, "generate", "--no-spec", "--prompt", "hi", "--model", str(tmp_path))
+    assert_one_line_error(code, err, "unsupported architecture GPTNeoXForCausalLM")
+
+
+def test_missing_weights(capsys, tmp_path):
+    src = os.path.join(os.path.dirname(__file__), "fixtures", "llama", "config.json")
+    (tmp_path / "config.json").write_text(open(src).read())
+    code, _, err = run_cli(capsys, "generate", "--no-spec", "--prompt", "hi", "--model", str(tmp_path))
+    assert_one_line_error(code, err, "no *.safetensors weights found")
+
+
+def test_spec_without_draft_head(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--model", "smollm2-135m-instruct", "--draft", str(tmp_path / "none"))
+    assert_one_line_error(code, err, "none")
+
+
+def test_invalid_flag_value_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--prompt", "hi", "--max-new-tokens", "-3"])
+    assert e.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_the_cache(capsys):
+    code, _, err = run_cli(capsys, "generate", "--no-spec", "--prompt", "word " * 100, "--cache-len", "64")
+    assert_one_line_error(code, err, "does not fit a cache of 64 tokens")
+
+
+@pytest.mark.slow
+def test_plain_generate_answers_with_json():
+    cmd = [sys.executable, "-m", "eagle_jax.infer", "generate", "--no-spec", "--json", "--max-new-tokens", "24",
+           "--prompt", "What is the capital of France? Answer in one short sentence."]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "Paris" in report["text"]
+    assert 0 < report["new_tokens"] <= 24 and report["tokens_per_s"] > 0
