@@ -81,3 +81,24 @@ def test_plain_generate_answers_with_json():
     report = json.loads(done.stdout)
     assert "Paris" in report["text"]
     assert 0 < report["new_tokens"] <= 24 and report["tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_speculative_generate_with_a_head_directory_matches_plain(tmp_path, smollm2_target):
+    import jax
+
+    from eagle_jax.draft import DraftConfig, init_draft_params
+    from eagle_jax.draft.checkpoint import export_draft
+
+    dcfg = DraftConfig.for_target(smollm2_target.cfg, kind="eagle3", draft_vocab_size=2048)
+    export_draft(str(tmp_path / "head"), dcfg, init_draft_params(jax.random.key(0), dcfg))
+    common = ["generate", "--json", "--max-new-tokens", "16", "--prompt", "Name a fruit."]
+    reports = {}
+    for mode in (["--no-spec"], ["--draft", str(tmp_path / "head"), "--top-k", "3", "--depth", "2", "--num-nodes", "8"]):
+        done = subprocess.run([sys.executable, "-m", "eagle_jax.infer", *common, *mode], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        reports[mode[0]] = json.loads(done.stdout)
+    spec = reports["--draft"]
+    assert spec["text"] == reports["--no-spec"]["text"]
+    assert spec["rounds"] >= 1 and spec["tau"] >= 1.0
+    assert spec["tree"] == {"top_k": 3, "depth": 2, "num_nodes": 8, "scoring": "dynamic"}
