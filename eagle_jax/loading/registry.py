@@ -7,6 +7,7 @@ import importlib.util
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import ModelConfig
@@ -56,6 +57,7 @@ def resolve_model_path(name: str) -> str:
 
 def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bool = True) -> TargetModel:
     """Load config, params (in `dtype`) and tokenizer of a target model."""
+    from eagle_jax.loading.converted import load_converted, store_converted
     from eagle_jax.loading.gguf_file import load_gguf, open_gguf
     from eagle_jax.loading.hf import load_hf_directory
     from eagle_jax.loading.tokenizer import tokenizer_from_directory, tokenizer_from_gguf
@@ -63,8 +65,13 @@ def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bo
     path = resolve_model_path(name)
     if os.path.isdir(path):
         cfg, params = load_hf_directory(path, dtype)
-        tokenizer = tokenizer_from_directory(path) if with_tokenizer else None
+        return TargetModel(cfg, params, tokenizer_from_directory(path) if with_tokenizer else None, path)
+    converted = load_converted(path)
+    if converted is None:
+        cfg, params = load_gguf(path, jnp.float32)
+        tokenizer = tokenizer_from_gguf(open_gguf(path), path)
+        store_converted(path, cfg, params, tokenizer)
     else:
-        cfg, params = load_gguf(path, dtype)
-        tokenizer = tokenizer_from_gguf(open_gguf(path), path) if with_tokenizer else None
-    return TargetModel(cfg, params, tokenizer, path)
+        cfg, params, tokenizer = converted
+    params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+    return TargetModel(cfg, params, tokenizer if with_tokenizer else None, path)

@@ -1,0 +1,74 @@
+"""On-disk cache of converted GGUF models: dequantizing and building the tokenizer takes seconds,
+reading the converted float32 weights back takes well under one.
+
+Entries live in $EAGLE_JAX_CACHE (default ~/.cache/eagle-jax), keyed by the GGUF's absolute path,
+size and modification time; each is written to a temporary directory and renamed into place, so a
+half-written entry is never read. Set EAGLE_JAX_CACHE=off to disable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
+from safetensors.numpy import load_file, save_file
+
+from eagle_jax.config import ModelConfig, RopeConfig
+
+
+def cache_root() -> str | None:
+    root = os.environ.get("EAGLE_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "eagle-jax"))
+    return None if root == "off" else root
+
+
+def entry_dir(path: str) -> str | None:
+    root = cache_root()
+    if root is None:
+        return None
+    stat = os.stat(path)
+    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+    name = os.path.basename(path).removesuffix(".gguf")
+    return os.path.join(root, "converted", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+
+
+def load_converted(path: str):
+    """(cfg, float32 numpy params, tokenizer) from the cache, or None on a miss."""
+    entry = entry_dir(path)
+    if entry is None or not os.path.isdir(entry):
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    with open(os.path.join(entry, "config.json")) as f:
+        fields = json.load(f)
+    fields["rope"] = RopeConfig(**fields["rope"])
+    fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+    params = unflatten_dict(load_file(os.path.join(entry, "params.safetensors")), sep=".")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(entry, "tokenizer"))
+    return ModelConfig(**fields), params, tokenizer
+
+
+def store_converted(path: str, cfg: ModelConfig, params: dict, tokenizer) -> None:
+    """Write a cache entry atomically; failures (read-only home, full disk) only skip the cache."""
+    entry = entry_dir(path)
+    if entry is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(entry))
+    except OSError:
+        return
+    try:
+        with open(os.path.join(staging, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(cfg), f)
+        flat = {k: np.asarray(v, np.float32) for k, v in flatten_dict(params, sep=".").items()}
+        save_file(flat, os.path.join(staging, "params.safetensors"))
+        tokenizer.save_pretrained(os.path.join(staging, "tokenizer"))
+        os.rename(staging, entry)
+    except OSError:  # includes losing a race to another process writing the same entry
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,49 @@
+"""Loading targets: the converted-GGUF cache and the weight layout checks."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from eagle_jax.errors import EagleError
+from eagle_jax.loading import load_target
+from eagle_jax.loading.gguf_file import unpermute_rows
+
+
+@pytest.mark.slow
+def test_converted_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2_target):
+    monkeypatch.setenv("EAGLE_JAX_CACHE", str(tmp_path))
+    first = load_target("smollm2-135m-instruct")  # converts and stores
+    entries = os.listdir(tmp_path / "converted")
+    assert len(entries) == 1 and not entries[0].startswith(".tmp")
+    second = load_target("smollm2-135m-instruct")  # reads the entry back
+    assert second.cfg == first.cfg == smollm2_target.cfg
+    jax.tree.map(np.testing.assert_array_equal, second.params, smollm2_target.params)
+    text = "<|im_start|>user\nHow are you 2day?<|im_end|>"
+    assert second.tokenizer.encode(text) == smollm2_target.tokenizer.encode(text)
+    assert second.tokenizer.chat_template == smollm2_target.tokenizer.chat_template
+
+
+def test_unpermute_inverts_llama_cpp_rotary_permutation():
+    heads, head_dim, d_in = 3, 8, 5
+    w = np.arange(heads * head_dim * d_in, dtype=np.float32).reshape(heads * head_dim, d_in)
+    # llama.cpp's conversion: per head, interleave the two rotary halves
+    permuted = w.reshape(heads, 2, head_dim // 2, d_in).swapaxes(1, 2).reshape(w.shape)
+    np.testing.assert_array_equal(unpermute_rows(permuted, heads), w)
+
+
+def test_wrong_weight_shape_is_named(tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    src = os.path.join(os.path.dirname(__file__), "fixtures", "llama")
+    shutil.copy(os.path.join(src, "config.json"), tmp_path / "config.json")
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"][:, :-1].copy()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(EagleError, match=r"layers.1.w_up has shape \(31, 64\), expected \(32, 64\)"):
+        load_target(str(tmp_path), with_tokenizer=False)
