@@ -47,9 +47,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_engine(args):
     """Engine from parsed model/draft/tree/sampling arguments."""
+    import jax
     import jax.numpy as jnp
 
     from eagle_jax.draft.checkpoint import load_draft
+    from eagle_jax.infer.bench_policy import load_batch_policy, load_tuned_tree
     from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import load_target
     from eagle_jax.sampling import SamplingConfig
@@ -62,14 +64,17 @@ def build_engine(args):
         if args.draft is None:
             raise EagleError("no draft head given: pass --draft DIR, or --no-spec for plain decoding")
         draft = load_draft(args.draft, target.cfg, dtype=dtype)
-    defaults = TreeConfig()
+    tree = TreeConfig()
+    if draft is not None and args.top_k is None and args.depth is None and args.num_nodes is None:
+        tree = load_tuned_tree(args.draft, device_kind=jax.devices()[0].device_kind) or tree
     tree = TreeConfig(
-        top_k=args.top_k or defaults.top_k,
-        depth=defaults.depth if args.depth is None else args.depth,
-        num_nodes=args.num_nodes or defaults.num_nodes,
+        top_k=args.top_k or tree.top_k,
+        depth=tree.depth if args.depth is None else args.depth,
+        num_nodes=args.num_nodes or tree.num_nodes,
     )
+    policy = load_batch_policy(args.draft) if draft is not None else None
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
-    return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention)
+    return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention, policy)
 
 
 def cmd_generate(args) -> int:
@@ -111,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(gen)
     gen.set_defaults(func=cmd_generate)
 
+    from eagle_jax.infer import bench
+    from eagle_jax.train import cli as train_cli
+
+    bench_parser = sub.add_parser("bench", help="plain vs speculative decoding on a prompt file: tau, tokens/s, speedup")
+    add_model_arguments(bench_parser)
+    bench.add_arguments(bench_parser)
+    bench_parser.set_defaults(func=bench.run)
+    train_parser = sub.add_parser("train", help="train a draft head for a target model")
+    train_cli.add_arguments(train_parser)
+    train_parser.set_defaults(func=train_cli.run)
     return parser
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.generate_ar import PAD, check_prompt_fits, generate_ar_jit, pad_prompts
+from eagle_jax.infer.bench_policy import tree_for_batch
 from eagle_jax.loading import TargetModel
 from eagle_jax.sampling import SamplingConfig
 from eagle_jax.speculative import check_draft, generate_spec_jit
@@ -52,6 +53,7 @@ class Engine:
     max_new_tokens: int = 256
     cache_len: int | None = None  # None: the smallest bucket that fits prompt + max_new_tokens
     attn_impl: str = "auto"
+    batch_policy: list[dict] | None = None  # measured by `eagle-jax bench --batch-sizes` (bench_policy)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -75,17 +77,19 @@ class Engine:
         """Generate for a batch of token-id prompts; speculative needs a draft head."""
         if speculative and self.draft is None:
             raise EagleError("speculative decoding needs a draft head (--draft), or use --no-spec")
+        tree = self.tree_for(len(prompts)) if speculative else None
+        speculative = tree is not None
         tokens, lengths = pad_prompts(prompts)
         cache_len = self.cache_len or -(-(tokens.shape[1] + self.max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
         check_prompt_fits(int(lengths.max()), cache_len)
         if tokens.shape[1] >= cache_len:  # the padding bucket would not fit: pad to the longest prompt
             tokens, lengths = pad_prompts(prompts, multiple=1)
-        key = (speculative, tokens.shape, cache_len)
+        key = (tree, tokens.shape, cache_len)
         args = (tokens, lengths, jax.random.key(seed))
         compile_s = 0.0
         if key not in self._compiled:
             start = time.perf_counter()
-            self._compiled[key] = self._lower(speculative, cache_len, *args).compile()
+            self._compiled[key] = self._lower(tree, cache_len, *args).compile()
             compile_s = time.perf_counter() - start
         start = time.perf_counter()
         out = jax.block_until_ready(self._compiled[key](*self._arguments(speculative), *args))
@@ -102,15 +106,22 @@ class Engine:
             return (self.target.params, self.draft[1])
         return (self.target.params,)
 
-    def _lower(self, speculative: bool, cache_len: int, tokens, lengths, rng):
+    def tree_for(self, batch: int) -> TreeConfig | None:
+        """The draft tree for a batch of this size; None when the measured policy turns speculation off."""
+        if self.batch_policy is None:
+            return self.tree
+        return tree_for_batch(self.tree, batch, self.batch_policy)
+
+    def _lower(self, tree: TreeConfig | None, cache_len: int, tokens, lengths, rng):
         static = dict(
             max_new_tokens=self.max_new_tokens, cache_len=cache_len, sampling=self.sampling,
             stop_ids=self.target.stop_ids, attn_impl=self.attn_impl,
         )
         cfg = self.target.cfg
+        speculative = tree is not None
         if speculative:
             dcfg = self.draft[0]
-            fn = lambda p, dp, t, l, r: generate_spec_jit(p, cfg, dp, dcfg, t, l, r, tree=self.tree, **static)  # noqa: E731
+            fn = lambda p, dp, t, l, r: generate_spec_jit(p, cfg, dp, dcfg, t, l, r, tree=tree, **static)  # noqa: E731
         else:
             fn = lambda p, t, l, r: generate_ar_jit(p, cfg, t, l, r, **static)  # noqa: E731
         return jax.jit(fn).lower(*self._arguments(speculative), jnp.asarray(tokens), jnp.asarray(lengths), rng)

@@ -1,0 +1,226 @@
+"""`eagle-jax bench`: plain and speculative decoding of the same prompts in one process.
+
+Reports tau, tokens/s and speedup (definitions in bench_report), whether greedy speculative output
+equals plain output token for token, per prompt and per category; optionally robustness variants,
+tree sweeps with auto-tuning, batch-size throughput and plots. Writes OUT.json atomically:
+
+  summary      numbers over all prompts + the configs used (model, draft, tree, sampling,
+               max_new_tokens, dtype, attention, machine)
+  per_prompt   [{question_id, category, prompt_tokens, answers, <numbers>}]
+  per_category {category: <numbers>}
+  per_variant  {variant: <numbers>}                      (--variants; else {})
+  sweep        [{top_k, depth, num_nodes, <numbers>}]     (--sweep / --auto-tune; else [])
+  batch        [{batch, top_k, depth, num_nodes, sequences, ar_tokens_per_s, spec_tokens_per_s,
+                 speedup, tau, ar_new_tokens, spec_new_tokens}]   (--batch-sizes; else [])
+  auto_tune    {tree, tree_file, batch_policy_file} or null
+<numbers> = bench_report.summarize(): num_prompts, num_turns, tau, spec_tokens_per_s,
+ar_tokens_per_s, speedup, mean_speedup, identical_to_ar, identical_prompts, new_tokens,
+ar_new_tokens, rounds, spec_wall_s, ar_wall_s, spec_compile_s, ar_compile_s, accept_histogram,
+mean_prompt_tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+
+from eagle_jax.errors import EagleError
+from eagle_jax.infer.bench_measure import PromptRecord, fill_batches, measure_batches, measure_prompts
+from eagle_jax.infer.bench_policy import (
+    auto_tune_trees,
+    draft_directory,
+    load_batch_policy,
+    load_tuned_tree,
+    parse_int_list,
+    parse_sweep,
+    sweep_trees,
+    save_batch_policy,
+    save_tuned_tree,
+    tree_for_batch,
+)
+from eagle_jax.infer.bench_report import (
+    batch_row,
+    describe_machine,
+    format_report,
+    per_category,
+    per_prompt,
+    summarize,
+    tree_fields,
+)
+from eagle_jax.atomic import write_json_atomic
+from eagle_jax.infer.engine import Engine
+from eagle_jax.infer.prompts import (
+    VARIANT_SYSTEM_PROMPT,
+    VARIANTS,
+    Prompt,
+    apply_variant,
+    load_prompts,
+    long_context,
+    messages_for_turn,
+    parse_variants,
+    select_prompts,
+)
+from eagle_jax.tree import TreeConfig
+
+__all__ = ["add_arguments", "run", "load_tuned_tree", "load_batch_policy", "tree_for_batch"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", required=True, help="JSON lines: {question_id, category, turns: [str, ...], system?} per line")
+    p.add_argument("--out", required=True, help="result JSON (written atomically)")
+    p.add_argument("--limit", type=int, default=None, help="the first K prompts of each category, in file order (default: all)")
+    p.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
+    p.add_argument("--ar-only", action="store_true", help="plain decoding alone, no draft needed (--no-spec does the same)")
+    p.add_argument("--variants", nargs="?", const="all", default=None, metavar="LIST",
+                   help=f"also run robustness variants: 'all' (without a value) or a comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--variant-system", default=VARIANT_SYSTEM_PROMPT, help="system prompt of the 'system' variant")
+    p.add_argument("--long-context-tokens", type=int, default=2000,
+                   help="about this many unrelated tokens precede the first turn in the long_context variant")
+    p.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2",
+                   help="measure each tree setting: top_k=, depth= or num_nodes= values; repeat the flag for a grid")
+    p.add_argument("--auto-tune", action="store_true",
+                   help="save the fastest tree of the sweep (default num_nodes=8,16,32,64) as DRAFT/tree.json, "
+                        "and with --batch-sizes the measured table as DRAFT/batch_policy.json")
+    p.add_argument("--batch-sizes", default=None, metavar="1,2,4,...",
+                   help="throughput of plain vs speculative decoding at each batch size (first turns of the prompts)")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into DIR")
+
+
+def run(args: argparse.Namespace) -> int:
+    from eagle_jax.infer.cli import build_engine
+
+    ar_only = args.ar_only or args.no_spec
+    prompts = select_prompts(load_prompts(args.prompts), args.limit, args.categories and args.categories.split(","))
+    variants = parse_variants(args.variants) if args.variants else ["as_given"]
+    batch_sizes = parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else []
+    sweep_axes = parse_sweep(args.sweep)
+    if ar_only and (args.sweep or args.auto_tune):
+        raise EagleError("--sweep and --auto-tune measure speculative decoding; drop --ar-only/--no-spec")
+    draft_dir = draft_directory(args.draft) if args.auto_tune else None
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+
+    # measure every tree as given: a batch policy saved with the head must not switch speculation off
+    engine = dataclasses.replace(build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only})), batch_policy=None)
+    trees = sweep_trees(sweep_axes, engine.tree) if sweep_axes else auto_tune_trees(engine.tree) if args.auto_tune else []
+    machine = describe_machine()
+
+    by_variant = measure_variants(
+        engine, prompts, variants, system_prompt=args.variant_system, context_tokens=args.long_context_tokens,
+        speculative=not ar_only, seed=args.seed,
+    )
+    main = by_variant["as_given"]
+    engines = {engine.tree: engine} | {t: dataclasses.replace(engine, tree=t) for t in trees if t != engine.tree}
+    sweep = [sweep_row(engines[t], engine.tree, main, prompts, args.seed) for t in trees]
+    batch_trees = trees or ([] if ar_only else [engine.tree])
+    batch = measure_batch_table(engine, engines, batch_trees, prompts, batch_sizes, args.seed)
+
+    report = {
+        "summary": summarize(main) | run_config(engine, args, ar_only, machine),
+        "per_prompt": per_prompt(main),
+        "per_category": per_category(main),
+        "per_variant": {v: summarize(records) for v, records in by_variant.items()} if args.variants else {},
+        "sweep": sweep,
+        "batch": batch,
+        "auto_tune": auto_tune(draft_dir, sweep, batch, measured_on(engine, args, machine, len(prompts))) if draft_dir else None,
+    }
+    write_json_atomic(args.out, report)
+    print(format_report(report))
+    print(f"wrote {args.out}", file=sys.stderr)
+    if args.plots:
+        from eagle_jax.infer.plots import write_plots
+
+        for path in write_plots(report, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def measure_variants(
+    engine: Engine, prompts: list[Prompt], variants: list[str], *, system_prompt: str, context_tokens: int, speculative: bool, seed: int
+) -> dict[str, list[PromptRecord]]:
+    """Records of each robustness variant of the same prompts (see prompts.apply_variant)."""
+    context = long_context(engine.target.tokenizer, context_tokens) if "long_context" in variants else ""
+    return {
+        v: measure_prompts(
+            engine, [apply_variant(p, v, system_prompt=system_prompt, context=context) for p in prompts],
+            speculative=speculative, seed=seed, desc=v,
+        )
+        for v in variants
+    }
+
+
+def sweep_row(engine: Engine, base: TreeConfig, main: list[PromptRecord], prompts: list[Prompt], seed: int) -> dict:
+    """Numbers of one tree setting: its speculative runs against the main run's plain runs (the main
+    run's own speculative runs when the setting is the main tree `base`)."""
+    records = main
+    if engine.tree != base:
+        spec = measure_prompts(engine, prompts, plain=False, seed=seed, desc=f"tree {tree_label(engine.tree)}")
+        records = [dataclasses.replace(m, spec=s.spec) for m, s in zip(main, spec)]
+    return tree_fields(engine.tree) | summarize(records)
+
+
+def tree_label(tree: TreeConfig) -> str:
+    return f"k{tree.top_k} d{tree.depth} n{tree.num_nodes}"
+
+
+def measure_batch_table(
+    engine: Engine, engines: dict[TreeConfig, Engine], trees: list[TreeConfig], prompts: list[Prompt], sizes: list[int], seed: int
+) -> list[dict]:
+    """Per batch size: plain throughput once, speculative throughput per tree (none: plain only),
+    over the first turns of `prompts` decoded `size` at a time (bench_measure.fill_batches)."""
+    ids = [engine.encode_chat(messages_for_turn(p, [], 0), raw=p.raw) for p in prompts]
+    rows = []
+    for size in sizes:
+        batches = fill_batches(ids, size)
+        sequences = sum(len(b) for b in batches)
+        plain = measure_batches(engine, batches, False, seed, desc=f"batch {size} plain")
+        if not trees:
+            rows.append(batch_row(size, sequences, plain, None, None))
+        for tree in trees:
+            spec = measure_batches(engines[tree], batches, True, seed, desc=f"batch {size} {tree_label(tree)}")
+            rows.append(batch_row(size, sequences, plain, spec, tree))
+    return rows
+
+
+def run_config(engine: Engine, args, ar_only: bool, machine: dict) -> dict:
+    """The configs a summary was measured with."""
+    return {
+        "mode": "plain" if ar_only else "speculative+plain",
+        "model": args.model,
+        "model_source": engine.target.source,
+        "draft": None if ar_only else args.draft,
+        "tree": None if ar_only else tree_fields(engine.tree),
+        "sampling": dataclasses.asdict(engine.sampling),
+        "max_new_tokens": engine.max_new_tokens,
+        "cache_len": engine.cache_len,
+        "dtype": args.dtype,
+        "attention": args.attention,
+        "seed": args.seed,
+        "prompts": args.prompts,
+        "limit_per_category": args.limit,
+        "categories": args.categories.split(",") if args.categories else None,
+        "machine": machine,
+    }
+
+
+def measured_on(engine: Engine, args, machine: dict, num_prompts: int) -> dict:
+    """Where and how a tuned setting was measured (saved with it)."""
+    return machine | {
+        "model": args.model, "dtype": args.dtype, "attention": args.attention, "max_new_tokens": engine.max_new_tokens,
+        "prompts": os.path.abspath(args.prompts), "num_prompts": num_prompts,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def auto_tune(draft_dir: str, sweep: list[dict], batch: list[dict], measured: dict) -> dict:
+    """Save the sweep's fastest tree (speculative tokens/s at batch 1) and the batch table with the head."""
+    best = max(sweep, key=lambda r: r["spec_tokens_per_s"])
+    tree = TreeConfig(top_k=best["top_k"], depth=best["depth"], num_nodes=best["num_nodes"])
+    numbers = {k: best[k] for k in ("tau", "spec_tokens_per_s", "ar_tokens_per_s", "speedup")}
+    return {
+        "tree": tree_fields(tree),
+        "tree_file": save_tuned_tree(draft_dir, tree, measured | numbers),
+        "batch_policy_file": save_batch_policy(draft_dir, batch, measured) if batch else None,
+    }

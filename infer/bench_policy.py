@@ -1,0 +1,151 @@
+"""Tree settings measured by the benchmark and saved with a draft head.
+
+- `--sweep AXIS=V1,V2` (repeatable, a grid over top_k, depth, num_nodes) -> the trees to measure.
+- `--auto-tune` writes DRAFT/tree.json `{top_k, depth, num_nodes, measured_on}`: the tree with the
+  highest speculative tokens/s at batch 1 on this machine; `load_tuned_tree` reads it back.
+- With `--batch-sizes`, it also writes DRAFT/batch_policy.json `{measured_on, table}`: the measured
+  throughput of plain and speculative decoding per batch size and tree; `tree_for_batch` turns the
+  table into a decision for any batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+
+from eagle_jax.errors import EagleError
+from eagle_jax.atomic import write_json_atomic
+from eagle_jax.tree import TreeConfig
+
+SWEEP_AXES = ("top_k", "depth", "num_nodes")
+AUTO_TUNE_NUM_NODES = (8, 16, 32, 64)  # default --auto-tune budgets, at the given top_k and depth
+TREE_FILE = "tree.json"
+POLICY_FILE = "batch_policy.json"
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; every value >= 1."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise EagleError(f"{flag} expects a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise EagleError(f"{flag} expects positive integers, got {text!r}")
+    return values
+
+
+def parse_sweep(specs: list[str]) -> dict[str, list[int]]:
+    """`--sweep AXIS=V1,V2,...` flags -> {axis: values}, axes among top_k, depth, num_nodes."""
+    axes: dict[str, list[int]] = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or name not in SWEEP_AXES:
+            raise EagleError(f"--sweep expects AXIS=V1,V2,... with AXIS one of {', '.join(SWEEP_AXES)}, got {spec!r}")
+        if name in axes:
+            raise EagleError(f"--sweep gives {name} twice")
+        axes[name] = parse_int_list(values, f"--sweep {name}")
+    return axes
+
+
+def sweep_trees(axes: dict[str, list[int]], base: TreeConfig) -> list[TreeConfig]:
+    """The grid of `axes` over `base`, in order, without repeats."""
+    trees = []
+    for combo in itertools.product(*axes.values()):
+        setting = dict(zip(axes, combo))
+        try:
+            trees.append(dataclasses.replace(base, **setting))
+        except EagleError as e:
+            raise EagleError(f"--sweep setting {setting} is not a valid tree: {e}") from None
+    return list(dict.fromkeys(trees))
+
+
+def auto_tune_trees(base: TreeConfig) -> list[TreeConfig]:
+    """`base` at each AUTO_TUNE_NUM_NODES budget the tree can hold (at least 2 nodes, at most 1 + pool)."""
+    return [dataclasses.replace(base, num_nodes=n) for n in AUTO_TUNE_NUM_NODES if n <= 1 + base.pool_size]
+
+
+def draft_directory(draft: str | None) -> str:
+    """The draft head directory the tuned settings are written into."""
+    if draft is None or not os.path.isdir(draft):
+        raise EagleError(f"--auto-tune saves tree.json into the draft head directory; --draft {draft} is not a directory")
+    if not os.access(draft, os.W_OK):
+        raise EagleError(f"--auto-tune cannot write into the draft head directory {draft}")
+    return draft
+
+
+def save_tuned_tree(draft_dir: str, tree: TreeConfig, measured_on: dict) -> str:
+    """Write DRAFT/tree.json atomically; returns its path."""
+    path = os.path.join(draft_dir, TREE_FILE)
+    write_json_atomic(path, {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes, "measured_on": measured_on})
+    return path
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise EagleError(f"{path}: cannot read ({e})") from None
+    if not isinstance(data, dict):
+        raise EagleError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_tuned_tree(draft_dir: str, device_kind: str | None = None) -> TreeConfig | None:
+    """The tree saved by `--auto-tune` in `draft_dir`; None when there is none, or when `device_kind`
+    is given and differs from the device it was measured on."""
+    path = os.path.join(draft_dir, TREE_FILE)
+    data = _read_json(path)
+    if data is None:
+        return None
+    if device_kind is not None and data.get("measured_on", {}).get("device_kind") != device_kind:
+        return None
+    try:
+        return TreeConfig(top_k=int(data["top_k"]), depth=int(data["depth"]), num_nodes=int(data["num_nodes"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise EagleError(f"{path}: expected integer top_k, depth and num_nodes ({e})") from None
+
+
+def save_batch_policy(draft_dir: str, table: list[dict], measured_on: dict) -> str:
+    """Write DRAFT/batch_policy.json atomically (the rows of OUT.json["batch"]); returns its path."""
+    path = os.path.join(draft_dir, POLICY_FILE)
+    write_json_atomic(path, {"measured_on": measured_on, "table": table})
+    return path
+
+
+def load_batch_policy(draft_dir: str) -> list[dict] | None:
+    """The measured table saved beside tree.json, or None."""
+    path = os.path.join(draft_dir, POLICY_FILE)
+    data = _read_json(path)
+    if data is None:
+        return None
+    if not isinstance(data.get("table"), list):
+        raise EagleError(f"{path}: expected a 'table' list")
+    return data["table"]
+
+
+def tree_for_batch(tree: TreeConfig, batch: int, table: list[dict]) -> TreeConfig | None:
+    """The tree to decode `batch` rows with, from a measured table; None = speculation off.
+
+    table rows: {batch, top_k, depth, num_nodes, ar_tokens_per_s, spec_tokens_per_s} (OUT.json["batch"]).
+    The decision is taken at the smallest measured batch size >= `batch` (the largest measured one
+    beyond the table): speculation pays less as the batch grows, so rounding up errs toward plain
+    decoding. There, the tree with the highest speculative tokens/s wins if it beats plain decoding,
+    else None. `tree` supplies the fields the table does not hold (scoring) and is returned unchanged
+    when the table has no speculative measurement.
+    """
+    if batch < 1:
+        raise EagleError(f"batch size must be >= 1, got {batch}")
+    rows = [r for r in table if r.get("spec_tokens_per_s") is not None]
+    if not rows:
+        return tree
+    sizes = sorted({r["batch"] for r in rows})
+    size = min((s for s in sizes if s >= batch), default=sizes[-1])
+    best = max((r for r in rows if r["batch"] == size), key=lambda r: r["spec_tokens_per_s"])
+    if best["spec_tokens_per_s"] <= best["ar_tokens_per_s"]:
+        return None
+    return dataclasses.replace(tree, top_k=best["top_k"], depth=best["depth"], num_nodes=best["num_nodes"])

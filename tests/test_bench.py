@@ -1,0 +1,370 @@
+"""Benchmark harness: prompt files and one-line errors, multi-turn assembly, variants, tau and speedup
+arithmetic, and one `eagle-jax bench` run through argparse on a tiny random target and head
+(OUT.json schema, identical_to_ar at temperature 0, per-category sums, tuned files, plots)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from eagle_jax.draft import DraftConfig, init_draft_params
+from eagle_jax.draft.checkpoint import export_draft
+from eagle_jax.errors import EagleError
+from eagle_jax.infer import bench as bench_cli
+from eagle_jax.infer import bench_measure, bench_report, cli
+from eagle_jax.infer.bench import load_batch_policy, load_tuned_tree
+from eagle_jax.infer.bench_measure import Conversation, PromptRecord, measure_prompts
+from eagle_jax.infer.engine import RunResult
+from eagle_jax.infer.prompts import (
+    VARIANTS,
+    Prompt,
+    apply_variant,
+    load_prompts,
+    long_context,
+    messages_for_turn,
+    parse_variants,
+    select_prompts,
+)
+from eagle_jax.loading import TargetModel
+from eagle_jax.model import init_params
+from eagle_jax.sampling import SamplingConfig
+from eagle_jax.tree import TreeConfig
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer(vocab_size: int):
+    """Word-level tokenizer: 3 specials, 3 roles, then w0, w1, ...; ChatML chat template."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|im_start|>", "<|im_end|>", "<unk>"]
+    words = specials + ["system", "user", "assistant"] + [f"w{i}" for i in range(vocab_size - 6)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials[:2]])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>", chat_template=CHAT_TEMPLATE)
+
+
+def one_line_error(fn, *args, **kwargs) -> str:
+    with pytest.raises(EagleError) as info:
+        fn(*args, **kwargs)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def write_lines(path, lines: list) -> str:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return str(path)
+
+
+PROMPTS = [
+    {"question_id": 1, "category": "a", "turns": ["w1 w2 w3", "w4 w5"]},
+    {"question_id": 2, "category": "b", "turns": ["w6 w7"], "system": "w8 w9"},
+    {"question_id": 3, "category": "a", "turns": ["w10 w11 w12 w13"]},
+    {"question_id": 4, "category": "a", "turns": ["w14"]},
+]
+
+
+# ----------------------------------------------------------------------------- prompt files
+
+
+def test_load_and_select_prompts(tmp_path):
+    prompts = load_prompts(write_lines(tmp_path / "p.jsonl", PROMPTS[:2] + [""] + PROMPTS[2:]))  # a blank line is skipped
+    assert [p.question_id for p in prompts] == [1, 2, 3, 4]
+    assert prompts[0].turns == ("w1 w2 w3", "w4 w5") and prompts[1].system == "w8 w9"
+    assert [p.question_id for p in select_prompts(prompts, limit=2)] == [1, 2, 3]  # 2 per category
+    assert [p.question_id for p in select_prompts(prompts, categories=["b"])] == [2]
+    assert "--limit" in one_line_error(select_prompts, prompts, limit=0)
+    assert "unknown categories c" in one_line_error(select_prompts, prompts, categories=["c"])
+
+
+@pytest.mark.parametrize("lines, words", [
+    ([], "no prompts"),
+    ([PROMPTS[0], '{"question_id": 2, "category": "a", "turns": ["x"]'], "p.jsonl:2: not valid JSON"),
+    ([PROMPTS[0], PROMPTS[1], "[1, 2]"], "p.jsonl:3: expected a JSON object"),
+    ([{"question_id": 1, "turns": ["x"]}], "p.jsonl:1: missing category"),
+    ([{"question_id": 1, "category": "a", "turns": []}], "p.jsonl:1: turns must be"),
+    ([{"question_id": 1, "category": "a", "turns": ["x"], "system": 3}], "p.jsonl:1: system must be"),
+])
+def test_bad_prompt_files(tmp_path, lines, words):
+    assert words in one_line_error(load_prompts, write_lines(tmp_path / "p.jsonl", lines))
+
+
+def test_missing_prompt_file(tmp_path):
+    assert "does not exist" in one_line_error(load_prompts, str(tmp_path / "none.jsonl"))
+
+
+# ----------------------------------------------------------------------------- turns and variants
+
+
+def test_each_turn_follows_the_previous_answers():
+    prompt = Prompt(1, "a", ("q0", "q1", "q2"), system="sys")
+    assert messages_for_turn(prompt, [], 0) == [{"role": "system", "content": "sys"}, {"role": "user", "content": "q0"}]
+    assert [m["content"] for m in messages_for_turn(prompt, ["a0", "a1"], 2)] == ["sys", "q0", "a0", "q1", "a1", "q2"]
+    assert [m["role"] for m in messages_for_turn(prompt, ["a0", "a1"], 2)] == ["system", "user", "assistant", "user", "assistant", "user"]
+
+
+def test_variants():
+    prompt = Prompt(1, "a", ("q0", "q1"))
+    assert apply_variant(prompt, "as_given") == prompt
+    assert apply_variant(prompt, "system", system_prompt="be brief").system == "be brief"
+    assert apply_variant(prompt, "raw").raw
+    assert apply_variant(prompt, "long_context", context="filler").turns == ("filler\n\nq0", "q1")
+    assert parse_variants("all") == list(VARIANTS)
+    assert parse_variants("raw") == ["as_given", "raw"]
+    assert "unknown variant" in one_line_error(parse_variants, "raw,bogus")
+
+
+def test_long_context_has_the_asked_length():
+    tokenizer = tiny_tokenizer(96)
+    for n in (1, 50, 700):
+        count = len(tokenizer.encode(long_context(tokenizer, n), add_special_tokens=False))
+        assert n <= count < n + 30  # whole sentences: at most one sentence more
+    assert "--long-context-tokens" in one_line_error(long_context, tokenizer, 0)
+
+
+# ----------------------------------------------------------------------------- measuring, with a scripted engine
+
+
+class ScriptedEngine:
+    """Engine stand-in without a model: turn t of a mode answers script[speculative][t] in 0.5 s;
+    the first run of each mode "compiles"; records (speculative, messages) of every run."""
+
+    def __init__(self, script: dict[bool, list[list[int]]], greedy: bool = True):
+        self.script, self.asked, self.compiled = script, [], set()
+        self.max_new_tokens, self.cache_len = 4, None
+        self.target = SimpleNamespace(cfg=SimpleNamespace(max_position=64))
+        self.sampling = SamplingConfig(0.0 if greedy else 1.0)
+
+    def encode_chat(self, messages, raw=False):
+        self.messages = messages
+        return [7] * sum(len(m["content"].split()) for m in messages)
+
+    def decode(self, ids):
+        return " ".join(f"t{i}" for i in ids)
+
+    def run(self, prompts, speculative=True, seed=0):
+        self.asked.append((speculative, self.messages))
+        tokens = self.script[speculative][(len(self.messages) - 1) // 2]
+        compile_s = 0.0 if speculative in self.compiled else 1.0
+        self.compiled.add(speculative)
+        histogram = np.array([[len(tokens) - 2, 1, 0]]) if speculative else np.zeros((1, 0), np.int32)
+        return RunResult([tokens], 0.5, compile_s, [len(tokens) - 1 if speculative else 0], histogram)
+
+
+def test_each_mode_continues_its_own_answers():
+    engine = ScriptedEngine({True: [[1, 2, 3], [4, 5]], False: [[1, 2, 9], [6]]})
+    (record,) = measure_prompts(engine, [Prompt(1, "a", ("q0", "q1"))])
+    assert record.spec.answers == ["t1 t2 t3", "t4 t5"] and record.plain.answers == ["t1 t2 t9", "t6"]
+    second = {spec: messages for spec, messages in engine.asked if len(messages) == 3}
+    assert second[True][1] == {"role": "assistant", "content": "t1 t2 t3"}
+    assert second[False][1] == {"role": "assistant", "content": "t1 t2 t9"}
+    assert record.identical_to_ar is False  # turn 0 differs
+    # the compiling run of each mode was repeated for the timing: 2 + 1 runs per mode
+    assert [spec for spec, _ in engine.asked] == [True, True, True, False, False, False]
+    assert record.spec.results[0].compile_s == 1.0 and record.spec.results[1].compile_s == 0.0
+
+
+def test_identical_to_ar_needs_greedy_decoding():
+    script = {True: [[1, 2]], False: [[1, 2]]}
+    assert measure_prompts(ScriptedEngine(script), [Prompt(1, "a", ("q",))])[0].identical_to_ar is True
+    assert measure_prompts(ScriptedEngine(script, greedy=False), [Prompt(1, "a", ("q",))])[0].identical_to_ar is None
+    assert measure_prompts(ScriptedEngine(script), [Prompt(1, "a", ("q",))], plain=False)[0].identical_to_ar is None
+
+
+def test_prompt_that_cannot_fit_is_refused():
+    engine = ScriptedEngine({True: [[1]], False: [[1]]})
+    assert "positions" in one_line_error(measure_prompts, engine, [Prompt(1, "a", (" ".join(["w"] * 61),))])
+    engine.cache_len = 32
+    assert "--cache-len 32" in one_line_error(measure_prompts, engine, [Prompt(1, "a", (" ".join(["w"] * 30),))])
+
+
+def conversation(*turns: tuple[int, int, float]) -> Conversation:
+    """Turns of (new tokens, rounds, wall seconds)."""
+    results = [RunResult([[5] * n], wall, 0.0, [r], np.zeros((1, 3), np.int32)) for n, r, wall in turns]
+    return Conversation(results, ["x"] * len(turns), [10] * len(turns))
+
+
+def test_tau_and_speedup_arithmetic():
+    records = [
+        PromptRecord(Prompt(1, "x", ("q0", "q1")), conversation((5, 2, 1.0), (3, 1, 1.0)), conversation((5, 0, 2.0), (3, 0, 2.0)), True),
+        PromptRecord(Prompt(2, "y", ("q0",)), conversation((4, 3, 1.0)), conversation((4, 0, 1.0)), True),
+    ]
+    s = bench_report.summarize(records)
+    # tau: each turn's first token is prefill's; (8 + 4 - 3 turns) tokens over 2 + 1 + 3 rounds
+    assert s["tau"] == pytest.approx(9 / 6)
+    assert bench_measure.merge(records[0].spec.results).tau == pytest.approx((8 - 2) / 3)
+    assert s["spec_tokens_per_s"] == pytest.approx(12 / 3) and s["ar_tokens_per_s"] == pytest.approx(12 / 5)
+    assert s["speedup"] == pytest.approx(5 / 3)
+    assert s["mean_speedup"] == pytest.approx((4 / 2 + 4 / 4) / 2)  # per-prompt ratios 2.0 and 1.0
+    assert (s["num_prompts"], s["num_turns"], s["new_tokens"], s["rounds"]) == (2, 3, 12, 6)
+    by_category = bench_report.per_category(records)
+    assert by_category["x"]["tau"] == pytest.approx(2.0) and by_category["y"]["tau"] == pytest.approx(1.0)
+    assert by_category["x"]["speedup"] == pytest.approx(2.0)
+
+
+# ----------------------------------------------------------------------------- `eagle-jax bench` end to end
+
+SUMMARY_KEYS = {
+    "tau", "spec_tokens_per_s", "ar_tokens_per_s", "speedup", "mean_speedup", "identical_to_ar", "num_prompts",
+    "new_tokens", "model", "draft", "tree", "sampling", "max_new_tokens", "dtype", "attention", "machine",
+    "spec_compile_s", "ar_compile_s", "accept_histogram",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A loader returning a tiny random target with a word-level tokenizer; a random EAGLE-3 head on disk."""
+    cfg = tiny_config()
+    target = TargetModel(cfg, init_params(jax.random.key(0), cfg, scale=0.3), tiny_tokenizer(cfg.vocab_size), "tiny")
+    dcfg = DraftConfig.for_target(cfg)
+    draft = str(tmp_path_factory.mktemp("head") / "draft")
+    export_draft(draft, dcfg, init_draft_params(jax.random.key(1), dcfg, scale=0.3))
+
+    def load_target(name, dtype=None, with_tokenizer=True):
+        return target
+
+    return load_target, draft
+
+
+def bench(argv: list[str], load_target) -> int:
+    """`eagle-jax bench --model tiny --max-new-tokens 8 ARGV` as infer/cli.py wires it (model arguments,
+    then the bench's; an EagleError exits 2 with one line), loading the target with `load_target`."""
+    parser = argparse.ArgumentParser(prog="eagle-jax bench")
+    cli.add_model_arguments(parser)
+    bench_cli.add_arguments(parser)
+    args = parser.parse_args(["--model", "tiny", "--max-new-tokens", "8", *argv])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("eagle_jax.loading.load_target", load_target)
+        try:
+            return bench_cli.run(args)
+        except EagleError as e:
+            print(f"eagle-jax: error: {e}", file=sys.stderr)
+            return 2
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_model, tmp_path_factory):
+    """One run with every option: variants, a sweep, batch sizes, auto-tuning and plots."""
+    load_target, draft = tiny_model
+    tmp = tmp_path_factory.mktemp("bench")
+    out, plots = str(tmp / "results" / "out.json"), str(tmp / "plots")
+    rc = bench([
+        "--prompts", write_lines(tmp / "p.jsonl", PROMPTS), "--out", out, "--draft", draft, "--limit", "2",
+        "--top-k", "2", "--depth", "2", "--num-nodes", "4", "--variants", "--long-context-tokens", "20",
+        "--sweep", "num_nodes=4,6", "--batch-sizes", "1,2", "--auto-tune", "--plots", plots,
+    ], load_target)
+    assert rc == 0
+    with open(out) as f:
+        return json.load(f), draft, plots
+
+
+def test_out_json_schema(full_run):
+    report, draft, _ = full_run
+    assert set(report) == {"summary", "per_prompt", "per_category", "per_variant", "sweep", "batch", "auto_tune"}
+    s = report["summary"]
+    assert SUMMARY_KEYS <= set(s)
+    assert s["tree"] == {"top_k": 2, "depth": 2, "num_nodes": 4} and s["draft"] == draft and s["max_new_tokens"] == 8
+    assert s["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    assert {"platform", "device_kind", "cpu_count", "jax_version"} <= set(s["machine"])
+    assert s["tau"] >= 1.0 and s["spec_tokens_per_s"] > 0 and s["ar_tokens_per_s"] > 0
+    assert s["speedup"] == pytest.approx(s["spec_tokens_per_s"] / s["ar_tokens_per_s"])
+    assert sum(s["accept_histogram"]) == s["rounds"]
+
+
+def test_greedy_speculative_output_is_plain_output(full_run):
+    report, _, _ = full_run
+    assert report["summary"]["identical_to_ar"] is True
+    assert all(row["identical_to_ar"] for row in report["per_prompt"] + report["sweep"])
+    assert all(v["identical_to_ar"] for v in report["per_variant"].values())
+
+
+def test_per_prompt_and_per_category(full_run, tiny_model):
+    report, _, _ = full_run
+    rows = report["per_prompt"]
+    assert [r["question_id"] for r in rows] == [1, 2, 3]  # --limit 2 per category
+    assert list(report["per_category"]) == ["a", "b"] and report["per_category"]["a"]["num_prompts"] == 2
+    first = rows[0]  # two turns: the second is asked after the first answer
+    tokenizer = tiny_model[0]("tiny").tokenizer
+    prompt = Prompt(1, "a", tuple(PROMPTS[0]["turns"]))
+    second = tokenizer.apply_chat_template(messages_for_turn(prompt, first["answers"][:1], 1), add_generation_prompt=True)["input_ids"]
+    answer = tokenizer.encode(first["answers"][0], add_special_tokens=False)
+    assert len(first["answers"]) == 2 and first["prompt_tokens"][1] == len(second)
+    assert any(second[i : i + len(answer)] == answer for i in range(len(second)))
+    s = report["summary"]
+    assert sum(c["new_tokens"] for c in report["per_category"].values()) == s["new_tokens"]
+    assert s["new_tokens"] == sum(r["new_tokens"] for r in rows)
+    assert s["spec_tokens_per_s"] == pytest.approx(s["new_tokens"] / s["spec_wall_s"])
+
+
+def test_variants_sweep_and_batch(full_run):
+    report, _, _ = full_run
+    variants = report["per_variant"]
+    assert list(variants) == list(VARIANTS)
+    tokens = {v: variants[v]["mean_prompt_tokens"] for v in VARIANTS}
+    assert tokens["long_context"] >= tokens["as_given"] + 20 and tokens["raw"] < tokens["as_given"]
+    assert variants["as_given"] == {k: v for k, v in report["summary"].items() if k in variants["as_given"]}
+    assert [r["num_nodes"] for r in report["sweep"]] == [4, 6]
+    assert [(r["batch"], r["num_nodes"], r["sequences"]) for r in report["batch"]] == [(1, 4, 3), (1, 6, 3), (2, 4, 4), (2, 6, 4)]
+    assert all(r["ar_tokens_per_s"] > 0 and r["spec_tokens_per_s"] > 0 for r in report["batch"])
+
+
+def test_auto_tune_saves_the_fastest_tree_and_the_batch_table(full_run):
+    report, draft, _ = full_run
+    fastest = max(report["sweep"], key=lambda r: r["spec_tokens_per_s"])
+    assert load_tuned_tree(draft) == TreeConfig(2, 2, fastest["num_nodes"])
+    assert report["auto_tune"]["tree_file"] == os.path.join(draft, "tree.json")
+    assert load_batch_policy(draft) == report["batch"]
+
+
+def test_plots(full_run):
+    _, _, plots = full_run
+    assert sorted(os.listdir(plots)) == ["acceptance.png", "batch.png", "categories.png", "sweep.png"]
+    for name in os.listdir(plots):
+        with open(os.path.join(plots, name), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ar_only(tiny_model, tmp_path, capsys):
+    out = str(tmp_path / "out.json")
+    prompts = write_lines(tmp_path / "p.jsonl", PROMPTS[2:])
+    assert bench(["--prompts", prompts, "--out", out, "--ar-only", "--batch-sizes", "2"], tiny_model[0]) == 0
+    report = json.load(open(out))
+    s = report["summary"]
+    assert s["ar_tokens_per_s"] > 0 and s["tau"] is None and s["speedup"] is None and s["identical_to_ar"] is None
+    assert s["draft"] is None and s["mode"] == "plain"
+    assert [(r["batch"], r["spec_tokens_per_s"]) for r in report["batch"]] == [(2, None)]
+    table = capsys.readouterr().out
+    assert "category" in table and "\nall " in table
+
+
+@pytest.mark.parametrize("lines, args, words", [
+    (None, [], "does not exist"),
+    ([PROMPTS[0], "{oops"], [], "p.jsonl:2: not valid JSON"),
+    ([], [], "no prompts"),
+    ([PROMPTS[0]], ["--limit", "0"], "--limit must be >= 1"),
+    ([PROMPTS[0]], ["--sweep", "width=3"], "--sweep expects"),
+    ([PROMPTS[0]], ["--ar-only", "--auto-tune"], "--auto-tune"),
+])
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys, lines, args, words):
+    prompts = str(tmp_path / "p.jsonl") if lines is None else write_lines(tmp_path / "p.jsonl", lines)
+
+    def no_model(*a, **k):
+        raise AssertionError("bad inputs must be refused before the model is loaded")
+
+    assert bench(["--prompts", prompts, "--out", str(tmp_path / "o.json"), *args], no_model) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eagle-jax: error:") and words in err and "\n" not in err
+    assert not os.path.exists(tmp_path / "o.json")
