@@ -8,14 +8,18 @@ import tempfile
 
 
 def write_json_atomic(path: str, data) -> None:
-    """Write JSON to a temporary sibling, fsync it, then rename it over `path`: readers see the old
-    file or the complete new one, never a partial one."""
+    """Write `data` as indented JSON to `path` atomically (NaN and infinity refused)."""
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write to a temporary sibling, fsync it, then rename it over `path`."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make results private to the writer
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
