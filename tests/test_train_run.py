@@ -63,6 +63,8 @@ def test_short_run_learns_and_exports_a_loadable_head(files, learned):
     np.testing.assert_array_equal(params["d2t"], DraftVocab.load(os.path.join(learned, "vocab.npz")).d2t)
     assert os.path.getsize(os.path.join(learned, "curves.png")) > 0
     assert sorted(os.listdir(os.path.join(learned, "checkpoints"))) == ["40"]
+    # tau of greedy speculative decoding of dev questions, through the real generate, rises as the head learns
+    assert dev[0]["tau"] >= 1.0 and dev[-1]["tau"] > dev[0]["tau"] + 0.3, [r["tau"] for r in dev]
 
 
 # With 2 warmup steps the first three losses do not depend on --max-steps: the first update has lr 0,
@@ -92,7 +94,8 @@ def test_eagle1_head_learns_in_bfloat16_from_offline_features_with_an_eval_hook(
     model, data = files
     out = str(tmp_path / "eagle1")
     args = ["--model", model, "--data", data, "--out", out, "--head", "eagle1", "--seq-len", "64", "--batch-size", "8", "--lr", "1e-2",
-            "--max-steps", "20", "--warmup-steps", "2", "--eval-every", "20", "--dtype", "bfloat16", "--offline-features", "--no-progress"]
+            "--max-steps", "20", "--warmup-steps", "2", "--eval-every", "20", "--dtype", "bfloat16", "--offline-features", "--no-progress",
+            "--tau-prompts", "0"]
     seen = []
 
     def hook(context):  # where the lead's speculative-generate tau plugs in

@@ -18,6 +18,7 @@ from eagle_jax.train.data import LONG_SAMPLE_POLICIES, SHAREGPT
 from eagle_jax.train.metrics import EvalHook
 from eagle_jax.train.optim import SCHEDULES
 from eagle_jax.train.setup import DTYPES, TrainConfig
+from eagle_jax.train.tau import tau_hook
 from eagle_jax.train.trainer import train
 
 EAGLE3_TTT_STEPS = 7
@@ -60,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--fsdp", type=int, default=d.fsdp, help="devices that shard params (the rest replicate them)")
     run_group.add_argument("--eval-every", type=int, default=d.eval_every)
+    run_group.add_argument("--tau-prompts", type=int, default=4, help="dev questions decoded speculatively at each eval for tau (0: off)")
     run_group.add_argument("--save-every", type=int, default=d.save_every)
     run_group.add_argument("--log-every", type=int, default=d.log_every)
     run_group.add_argument("--keep", type=int, default=d.keep, help="checkpoints to keep")
@@ -89,6 +91,8 @@ def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
     """Train as the parsed arguments say. Raises EagleError (one line) on bad input."""
     cfg = config_from_args(args)
     mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id, auto=args.distributed)
+    if args.tau_prompts > 0:
+        eval_hooks = (*eval_hooks, tau_hook(args.tau_prompts))
     return train(cfg, eval_hooks)
 
 

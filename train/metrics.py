@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.loading import TargetModel
+from eagle_jax.train.data import TokenizedSet
 from eagle_jax.train.losses import LossOutput
 
 
@@ -29,6 +30,7 @@ class EvalContext:
     dcfg: DraftConfig
     draft_params: dict  # numpy arrays in the eagle_jax.draft.model layout, d2t included (what `export_draft` takes)
     target: TargetModel
+    dev: TokenizedSet  # the held-out samples
 
 
 EvalHook = Callable[[EvalContext], dict[str, float]]  # e.g. tau from speculative generate on dev prompts

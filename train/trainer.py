@@ -216,7 +216,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
         record = {"step": step, "split": "dev", **summarize(jax.device_get(outs))}
         del record["loss"]  # padding rows dilute the mean objective; acc and step_loss are exact
         if eval_hooks:
-            context = EvalContext(step, dcfg, export_ready(params), target)
+            context = EvalContext(step, dcfg, export_ready(params), target, dev_set)
             for hook in eval_hooks:
                 record.update(hook(context))
         log.write(record)

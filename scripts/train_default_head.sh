@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The shipped default head for SmolLM2-135M-Instruct (eagle_jax/heads/smollm2-135m-instruct):
+# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU on the first ShareGPT exchanges,
+# answered by SmolLM2 itself (self-distillation, greedy, at most 256 new tokens).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+run=${1:-runs/default_head}
+mkdir -p "$run"
+.venv/bin/python scripts/sharegpt_slice.py --start 0 --count 4000 --first-turn --out "$run/sharegpt_train.jsonl"
+.venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_train.jsonl" --num-conversations 192 \
+  --regenerate --regen-max-new-tokens 256 --regen-batch-size 32 \
+  --out "$run/run" --head eagle3 --fc-norm --norm-output --ttt-steps 3 --draft-vocab 8192 \
+  --seq-len 512 --long-samples split --offline-features --batch-size 4 --epochs 12 --lr 3e-4 \
+  --eval-every 40 --save-every 40 --log-every 5 --no-progress
