@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -54,27 +55,39 @@ def build_engine(args):
     from eagle_jax.infer.bench_policy import load_batch_policy, load_tuned_tree
     from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import load_target
+    from eagle_jax.loading.registry import default_head_dir
     from eagle_jax.sampling import SamplingConfig
     from eagle_jax.tree import TreeConfig
 
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     target = load_target(args.model, dtype=dtype)
-    draft = None
+    draft, draft_dir = None, None
     if not args.no_spec:
-        if args.draft is None:
-            raise EagleError("no draft head given: pass --draft DIR, or --no-spec for plain decoding")
-        draft = load_draft(args.draft, target.cfg, dtype=dtype)
+        draft_dir = args.draft or default_head_dir(args.model)
+        if draft_dir is None:
+            raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
+        draft = load_draft(draft_dir, target.cfg, dtype=dtype)
     tree = TreeConfig()
     if draft is not None and args.top_k is None and args.depth is None and args.num_nodes is None:
-        tree = load_tuned_tree(args.draft, device_kind=jax.devices()[0].device_kind) or tree
+        tree = load_tuned_tree(draft_dir, device_kind=jax.devices()[0].device_kind) or tree
     tree = TreeConfig(
         top_k=args.top_k or tree.top_k,
         depth=tree.depth if args.depth is None else args.depth,
         num_nodes=args.num_nodes or tree.num_nodes,
     )
-    policy = load_batch_policy(args.draft) if draft is not None else None
+    policy = load_batch_policy(draft_dir) if draft is not None else None
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
     return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention, policy)
+
+
+ESTIMATE_TOKENS = 64
+
+
+def plain_tokens_per_s(engine, ids: list[int], seed: int) -> float:
+    """Plain decoding speed on the same prompt, over at most ESTIMATE_TOKENS tokens."""
+    plain = dataclasses.replace(engine, draft=None, max_new_tokens=min(ESTIMATE_TOKENS, engine.max_new_tokens))
+    result = plain.run([ids], speculative=False, seed=seed)
+    return result.new_tokens / result.wall_s
 
 
 def cmd_generate(args) -> int:
@@ -94,6 +107,8 @@ def cmd_generate(args) -> int:
     }
     if not args.no_spec:
         report.update(tau=result.tau, rounds=sum(result.rounds), tree=vars(engine.tree))
+        if not args.no_estimate:
+            report["speedup_estimate"] = report["tokens_per_s"] / plain_tokens_per_s(engine, ids, args.seed)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -101,6 +116,8 @@ def cmd_generate(args) -> int:
     line = f"[{report['mode']}] {n} tokens in {result.wall_s:.2f}s ({report['tokens_per_s']:.1f} tok/s, compile {result.compile_s:.1f}s)"
     if not args.no_spec:
         line += f", tau {result.tau:.2f} over {sum(result.rounds)} rounds"
+        if "speedup_estimate" in report:
+            line += f", speedup ~{report['speedup_estimate']:.2f}x vs plain decoding (measured on {ESTIMATE_TOKENS} tokens)"
     print(line, file=sys.stderr)
     return 0
 
@@ -113,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", default=None, help="system prompt (default: the chat template's)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--no-estimate", action="store_true", help="skip the short plain run behind the speedup estimate")
     add_model_arguments(gen)
     gen.set_defaults(func=cmd_generate)
 

@@ -9,6 +9,6 @@ mkdir -p "$run"
 .venv/bin/python scripts/sharegpt_slice.py --start 0 --count 4000 --first-turn --out "$run/sharegpt_train.jsonl"
 .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_train.jsonl" --num-conversations 192 \
   --regenerate --regen-max-new-tokens 256 --regen-batch-size 32 \
-  --out "$run/run" --head eagle3 --fc-norm --norm-output --ttt-steps 3 --draft-vocab 8192 \
-  --seq-len 512 --long-samples split --offline-features --batch-size 4 --epochs 12 --lr 3e-4 \
+  --out "$run/run2" --head eagle3 --fc-norm --norm-output --ttt-steps 3 --draft-vocab 8192 \
+  --seq-len 512 --long-samples split --offline-features --batch-size 4 --max-steps 160 --lr 6e-4 \
   --eval-every 40 --save-every 40 --log-every 5 --no-progress

