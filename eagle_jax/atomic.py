@@ -26,3 +26,12 @@ def write_text_atomic(path: str, text: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def savez_atomic(path: str, **arrays) -> None:
+    """numpy.savez to a temporary sibling, then rename it over `path` (which should end in .npz)."""
+    import numpy as np
+
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)

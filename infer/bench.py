@@ -27,6 +27,7 @@ import datetime
 import os
 import sys
 
+from eagle_jax.atomic import write_json_atomic
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.bench_measure import PromptRecord, fill_batches, measure_batches, measure_prompts
 from eagle_jax.infer.bench_policy import (
@@ -50,7 +51,6 @@ from eagle_jax.infer.bench_report import (
     summarize,
     tree_fields,
 )
-from eagle_jax.atomic import write_json_atomic
 from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.prompts import (
     VARIANT_SYSTEM_PROMPT,

@@ -23,6 +23,7 @@ from typing import Any
 import jinja2
 import numpy as np
 
+from eagle_jax.atomic import savez_atomic
 from eagle_jax.errors import EagleError
 
 SHAREGPT = "sharegpt"
@@ -226,9 +227,7 @@ class TokenizedSet:
         return tokens, mask, lengths
 
     def save(self, path: str) -> None:
-        tmp = path + ".tmp.npz"
-        np.savez(tmp, tokens=self.tokens, loss_mask=self.loss_mask, offsets=self.offsets)
-        os.replace(tmp, path)
+        savez_atomic(path, tokens=self.tokens, loss_mask=self.loss_mask, offsets=self.offsets)
 
     @classmethod
     def load(cls, path: str) -> "TokenizedSet":

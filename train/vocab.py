@@ -11,10 +11,10 @@ unseen ids fill the vocabulary so that it always has exactly `size` entries.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 
+from eagle_jax.atomic import savez_atomic
 from eagle_jax.errors import EagleError
 
 
@@ -35,9 +35,7 @@ class DraftVocab:
         return mask
 
     def save(self, path: str) -> None:
-        tmp = path + ".tmp.npz"
-        np.savez(tmp, used=self.used, target_vocab_size=self.target_vocab_size, coverage=self.coverage)
-        os.replace(tmp, path)
+        savez_atomic(path, used=self.used, target_vocab_size=self.target_vocab_size, coverage=self.coverage)
 
     @classmethod
     def load(cls, path: str) -> "DraftVocab":
