@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import collections
 import json
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -145,3 +148,23 @@ def test_draft_vocab_as_the_reference():
     np.testing.assert_array_equal(filled.used, [0, 1, 2, 3, 7, 9])
     with pytest.raises(EagleError):
         select_draft_vocab(tokens, mask, target_vocab_size=12, size=13)
+
+
+def test_vocab_coverage_script_measures_held_out_coverage(tmp_path):
+    # training assistant tokens: 7 x3, 3 x2 (5 is a prompt token); dev assistant tokens: 7, 3, 4, 4
+    train = data_lib.TokenizedSet.from_samples([(np.array([5, 7, 7, 3, 7, 3]), np.array([0, 1, 1, 1, 1, 1], bool))])
+    dev = data_lib.TokenizedSet.from_samples([(np.array([5, 7, 3, 4, 4]), np.array([0, 1, 1, 1, 1], bool))])
+    (tmp_path / "data").mkdir()
+    train.save(str(tmp_path / "data" / "train.npz"))
+    dev.save(str(tmp_path / "data" / "dev.npz"))
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "vocab_coverage.py"
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--sizes", "1", "2", "5", "--target-vocab-size", "8"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert (report["train_assistant_tokens"], report["dev_assistant_tokens"]) == (5, 4)
+    rows = {r["size"]: (r["train_coverage"], r["dev_coverage"]) for r in report["sizes"]}
+    # size 1: {7}; size 2: {3, 7}; size 5: {3, 7} then the smallest unseen ids {0, 1, 2}, still no 4
+    assert rows == {1: (0.6, 0.25), 2: (1.0, 0.5), 5: (1.0, 0.5)}
