@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The default head's figures in README.md: greedy on a Spec-Bench subset (the first 2 prompts of
-# each of the 5 categories) and on 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, taken
-# far past the training slice), then temperature 1 on the Spec-Bench subset.
+# The default head's figures in README.md. First the tree budget is tuned on 8 ShareGPT questions
+# used nowhere else (data/sharegpt_tune.jsonl, from `scripts/sharegpt_slice.py --start 12000 --count 8
+# --min-chars 40 --format bench`) and saved with the head (tree.json); then, with that
+# tree: greedy on a Spec-Bench subset (the first 2 prompts of each of the 5 categories), greedy on
+# 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, taken far past the training slice), and
+# temperature 1 on the first Spec-Bench prompt of each category.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/default_head}
-tree=(--top-k 2 --depth 3 --num-nodes 6)
+head=eagle_jax/heads/smollm2-135m-instruct
 mkdir -p "$out"
-.venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 2 --max-new-tokens 96 "${tree[@]}" \
+.venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" \
+  --top-k 4 --depth 4 --sweep top_k=2,4 --sweep num_nodes=6,10,16 --auto-tune --out "$out/tune.json"
+.venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 2 --max-new-tokens 96 \
   --out "$out/spec_bench.json" --plots "$out/plots_spec_bench"
-.venv/bin/eagle-jax bench --prompts data/sharegpt_dev.jsonl --limit 10 --max-new-tokens 96 "${tree[@]}" \
+.venv/bin/eagle-jax bench --prompts data/sharegpt_dev.jsonl --limit 10 --max-new-tokens 96 \
   --out "$out/sharegpt_dev.json" --plots "$out/plots_sharegpt_dev"
-.venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 1 --max-new-tokens 96 "${tree[@]}" \
+.venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 1 --max-new-tokens 96 \
   --temperature 1 --out "$out/spec_bench_t1.json"
