@@ -14,4 +14,4 @@ mkdir -p "$run"
   --seq-len 512 --long-samples split --offline-features --batch-size 4 --max-steps 480 --lr 6e-4 \
   --eval-every 120 --save-every 60 --log-every 10 --no-progress
 mkdir -p results/head_ablation
-.venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 > results/head_ablation/vocab_coverage.json
+.venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json

@@ -1,6 +1,6 @@
 """How much of held-out text a reduced EAGLE-3 draft vocabulary covers, per vocabulary size.
 
-    python scripts/vocab_coverage.py runs/default_head/run3 --sizes 1024 2048 4096 8192 16384
+    python scripts/vocab_coverage.py runs/default_head/run4 --sizes 2048 4096 8192 16384 --out coverage.json
 
 Reads a training run's tokenized sets (RUN/data/train.npz, dev.npz), picks each draft vocabulary
 from the training set's assistant tokens exactly as `eagle-jax train` does, and prints the fraction
@@ -16,25 +16,40 @@ import os
 
 import numpy as np
 
+from eagle_jax.atomic import write_json_atomic
+from eagle_jax.errors import EagleError
 from eagle_jax.train.data import TokenizedSet
-from eagle_jax.train.vocab import select_draft_vocab
+from eagle_jax.train.vocab import DraftVocab, select_draft_vocab
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a training run directory (holds data/train.npz and data/dev.npz)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--target-vocab-size", type=int, default=49152)
+    parser.add_argument("--target-vocab-size", type=int, help="default: the run's own (RUN/vocab.npz)")
+    parser.add_argument("--out", help="also write the report here (atomically)")
     args = parser.parse_args()
-    train = TokenizedSet.load(os.path.join(args.run, "data", "train.npz"))
-    dev = TokenizedSet.load(os.path.join(args.run, "data", "dev.npz"))
+    paths = [os.path.join(args.run, "data", name) for name in ("train.npz", "dev.npz")]
+    if args.target_vocab_size is None:
+        paths.append(os.path.join(args.run, "vocab.npz"))
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise SystemExit(f"vocab_coverage: error: {args.run} is not a training run directory: missing {', '.join(missing)}")
+    train, dev = TokenizedSet.load(paths[0]), TokenizedSet.load(paths[1])
+    target_vocab_size = args.target_vocab_size or DraftVocab.load(paths[2]).target_vocab_size
     dev_tokens = dev.tokens[dev.loss_mask]
     rows = []
     for size in args.sizes:
-        vocab = select_draft_vocab(train.tokens, train.loss_mask, args.target_vocab_size, size)
+        try:
+            vocab = select_draft_vocab(train.tokens, train.loss_mask, target_vocab_size, size)
+        except EagleError as e:
+            raise SystemExit(f"vocab_coverage: error: {e}") from None
         rows.append({"size": size, "train_coverage": round(vocab.coverage, 5),
                      "dev_coverage": round(float(np.isin(dev_tokens, vocab.used).mean()), 5)})
-    print(json.dumps({"train_assistant_tokens": int(train.loss_mask.sum()), "dev_assistant_tokens": len(dev_tokens), "sizes": rows}, indent=1))
+    report = {"train_assistant_tokens": int(train.loss_mask.sum()), "dev_assistant_tokens": len(dev_tokens), "sizes": rows}
+    if args.out:
+        write_json_atomic(args.out, report)
+    print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
