@@ -113,6 +113,37 @@ def test_eagle1_head_learns_in_bfloat16_from_offline_features_with_an_eval_hook(
     assert dcfg.kind == "eagle1" and dcfg.draft_vocab_size == 96
 
 
+def test_training_continues_from_an_exported_head(files, learned, tmp_path):
+    """--init-head: the run starts from the head's weights (its step-0 dev metrics are the head's
+    last ones) and keeps the head's draft vocabulary even where the new data would pick another."""
+    model, data = files
+    head = os.path.join(learned, "draft")
+    out = str(tmp_path / "continued")
+    assert run(*tiny_run_args(model, data, out, *LEARN, "--max-steps", "2", "--init-head", head)) == 0
+    start, last = read_metrics(out)[0], [r for r in read_metrics(learned) if r["split"] == "dev"][-1]
+    assert start["step"] == 0
+    np.testing.assert_allclose(start["acc"], last["acc"], rtol=1e-6)
+    np.testing.assert_allclose(start["step_loss"], last["step_loss"], rtol=1e-5)
+
+    other_data = write_conversations(str(tmp_path / "other.json"), 60, seed=3)
+    other = str(tmp_path / "other")
+    assert run(*tiny_run_args(model, other_data, other, "--max-steps", "2", "--init-head", head, "--draft-vocab", "80",
+                              "--tau-prompts", "0")) == 0
+    kept = DraftVocab.load(os.path.join(other, "vocab.npz"))
+    np.testing.assert_array_equal(kept.d2t, load_draft(head)[1]["d2t"])
+    fresh = str(tmp_path / "fresh")
+    assert run(*tiny_run_args(model, other_data, fresh, "--max-steps", "2", "--draft-vocab", "80", "--tau-prompts", "0")) == 0
+    assert not np.array_equal(DraftVocab.load(os.path.join(fresh, "vocab.npz")).used, kept.used)  # the data alone picks another
+    assert 0 < kept.coverage < DraftVocab.load(os.path.join(fresh, "vocab.npz")).coverage
+
+    for flags, message in ((("--draft-vocab", "64"), r"--draft-vocab 64 \(the head: 80\)"), (("--head", "eagle1"), r"--head eagle1 \(the head: eagle3\)")):
+        with pytest.raises(EagleError, match=message):
+            run(*tiny_run_args(model, data, str(tmp_path / "clash"), "--init-head", head, *flags))
+    with pytest.raises(EagleError, match="not a directory"):
+        run(*tiny_run_args(model, data, str(tmp_path / "clash"), "--init-head", str(tmp_path / "no-head")))
+    assert not os.path.exists(os.path.join(str(tmp_path / "clash"), "train_config.json"))
+
+
 def test_self_distillation_is_resumable(files, tmp_path):
     model, _ = files
     target = load_target(model)

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     head.add_argument("--ttt-steps", type=int, default=None, help=f"training-time-test steps (default {EAGLE3_TTT_STEPS}; eagle1: 1)")
     head.add_argument("--fc-norm", action="store_true", help="EAGLE-3.1: RMSNorm each fused target feature before fc")
     head.add_argument("--norm-output", action="store_true", help="EAGLE-3.1: feed the post-norm hidden back between steps")
+    head.add_argument("--init-head", default=None, metavar="DIR",
+                      help="start from this head (any supported layout): its weights, architecture and draft vocabulary")
     head.add_argument("--draft-vocab", type=int, default=None, help="eagle3 draft vocabulary size (default 32000, at most the target's)")
     data = parser.add_argument_group("data")
     data.add_argument("--num-conversations", type=int, default=None, help="use the first N usable conversations")
@@ -81,7 +83,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         clip_norm=args.clip_norm, weight_decay=args.weight_decay, grad_accum=args.grad_accum, dtype=args.dtype,
         offline_features=args.offline_features, feature_dtype=args.feature_dtype, num_conversations=args.num_conversations,
         dev_fraction=args.dev_fraction, long_samples=args.long_samples, regenerate=args.regenerate,
-        regen_max_new_tokens=args.regen_max_new_tokens, regen_batch_size=args.regen_batch_size, seed=args.seed,
+        regen_max_new_tokens=args.regen_max_new_tokens, regen_batch_size=args.regen_batch_size, init_head=args.init_head, seed=args.seed,
         resume=args.resume, fsdp=args.fsdp, eval_every=args.eval_every, save_every=args.save_every, log_every=args.log_every,
         keep=args.keep, progress=not args.no_progress,
     )

@@ -19,8 +19,10 @@ import json
 import os
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 
+from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.loading import TargetModel
@@ -64,6 +66,7 @@ class TrainConfig:
     regenerate: bool = False
     regen_max_new_tokens: int = 512
     regen_batch_size: int = 8
+    init_head: str | None = None  # start from this head's weights, architecture and draft vocabulary
     seed: int = 0
     # Operational settings: free to change between an interrupted run and its --resume.
     resume: bool = False
@@ -141,6 +144,21 @@ def draft_config(cfg: TrainConfig, target: TargetModel) -> DraftConfig:
     return dcfg
 
 
+def load_initial_head(cfg: TrainConfig, target: TargetModel) -> tuple[DraftConfig, dict]:
+    """--init-head: the head to continue training (its config and float32 params, d2t included).
+
+    The head fixes the architecture and the draft vocabulary; head flags given as well must agree."""
+    dcfg, params = load_draft(cfg.init_head, target.cfg)
+    given = {"--head": (cfg.head, dcfg.kind), "--draft-vocab": (cfg.draft_vocab, dcfg.draft_vocab_size),
+             "--fc-norm": (cfg.fc_norm or None, dcfg.fc_norm), "--norm-output": (cfg.norm_output or None, dcfg.norm_output)}
+    clashes = [f"{flag} {mine} (the head: {theirs})" for flag, (mine, theirs) in given.items() if mine is not None and mine != theirs]
+    if clashes:
+        raise EagleError(f"--init-head {cfg.init_head} does not match {', '.join(clashes)}; drop those flags or use a matching head")
+    if dcfg.kind == "eagle1" and cfg.ttt_steps != 1:
+        raise EagleError("an eagle1 head trains one step (no training-time test); pass --ttt-steps 1")
+    return dcfg, params
+
+
 def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.TokenizedSet, data_lib.TokenizedSet]:
     """Tokenized (train, dev) sets under out/data. Every process computes the same sets (they are
     deterministic), so bad input fails everywhere at once; process 0 writes them."""
@@ -174,14 +192,19 @@ def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.Tokeni
     return train, dev
 
 
-def prepare_vocab(cfg: TrainConfig, dcfg: DraftConfig, train: data_lib.TokenizedSet) -> DraftVocab | None:
-    """The reduced draft vocabulary (None when the draft predicts over the target's vocabulary)."""
+def prepare_vocab(cfg: TrainConfig, dcfg: DraftConfig, train: data_lib.TokenizedSet, d2t: np.ndarray | None = None) -> DraftVocab | None:
+    """The reduced draft vocabulary (None when the draft predicts over the target's vocabulary):
+    the most frequent assistant tokens, or the one `d2t` (Vd,) of the head training starts from."""
     if not dcfg.maps_vocab:
         return None
     path = os.path.join(cfg.out, "vocab.npz")
     if cfg.resume and os.path.exists(path):
         return DraftVocab.load(path)
-    vocab = select_draft_vocab(train.tokens, train.loss_mask, dcfg.target_vocab_size, dcfg.draft_vocab_size)
+    if d2t is not None:
+        used = np.arange(dcfg.draft_vocab_size, dtype=np.int32) + np.asarray(d2t)
+        vocab = DraftVocab.from_used(used, train.tokens, train.loss_mask, dcfg.target_vocab_size)
+    else:
+        vocab = select_draft_vocab(train.tokens, train.loss_mask, dcfg.target_vocab_size, dcfg.draft_vocab_size)
     say(f"draft vocabulary: {dcfg.draft_vocab_size} of {dcfg.target_vocab_size} target ids cover {vocab.coverage:.2%} of assistant tokens")
     mesh_lib.on_main_process(lambda: vocab.save(path), "vocab")
     return vocab

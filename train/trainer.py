@@ -34,7 +34,7 @@ from eagle_jax.train.losses import LossOutput, eagle1_loss, eagle3_loss
 from eagle_jax.train.metrics import EvalContext, EvalHook, MetricsLog, Progress, plot_curves, summarize
 from eagle_jax.train.optim import OptimConfig, learning_rate, make_optimizer
 from eagle_jax.train.setup import (
-    TrainConfig, check_out_dir, draft_config, prepare_data, prepare_offline_features, prepare_vocab, say, write_run_config,
+    TrainConfig, check_out_dir, draft_config, load_initial_head, prepare_data, prepare_offline_features, prepare_vocab, say, write_run_config,
 )
 from eagle_jax.train.ttt import unroll
 from eagle_jax.train.vocab import DraftVocab
@@ -70,7 +70,7 @@ class Objective:
 
 @dataclasses.dataclass
 class StepFunctions:
-    init_state: Callable  # key -> state {"params", "opt_state", "step" (micro-steps done)}
+    init_state: Callable  # (key, [initial params]) -> state {"params", "opt_state", "step" (micro-steps done)}
     train_step: Callable  # (state, frozen, batch) -> (state, LossOutput); donates state
     eval_step: Callable  # (params, frozen, batch) -> LossOutput
     abstract_state: dict
@@ -83,8 +83,8 @@ def make_step_functions(
 ) -> StepFunctions:
     """The jitted init / train / eval functions with params and optimizer state sharded over the mesh."""
 
-    def init_state(key):
-        params = init_draft_params(key, dcfg)
+    def init_state(key, initial=None):  # initial: params to start from (an earlier head), else random
+        params = init_draft_params(key, dcfg) if initial is None else initial
         params.pop("d2t", None)  # eagle3: fixed by the vocabulary, not trained
         return {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
 
@@ -110,6 +110,14 @@ def make_step_functions(
         abstract_state=abstract_state,
         state_shardings=state_shardings,
     )
+
+
+def fitting_params(params: dict, expected: dict, source: str) -> dict:
+    """`params` as float32 arrays, if they have exactly the structure and shapes of `expected`."""
+    shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)  # noqa: E731
+    if shapes(params) != shapes(expected):
+        raise EagleError(f"--init-head {source}: its weights do not have the layout this trainer builds (extra or missing tensors)")
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
 
 
 class BatchLoader:
@@ -179,10 +187,10 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     mesh_lib.check_batch_size(mesh, cfg.batch_size)
     compute_dtype = jnp.dtype(cfg.dtype)
     target = load_target(cfg.model, dtype=compute_dtype)
-    dcfg = draft_config(cfg, target)
+    dcfg, initial = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None)
     os.makedirs(cfg.out, exist_ok=True)
     train_set, dev_set = prepare_data(cfg, target)
-    vocab = prepare_vocab(cfg, dcfg, train_set)
+    vocab = prepare_vocab(cfg, dcfg, train_set, initial.pop("d2t", None) if initial else None)
     steps_per_epoch = len(train_set) // (cfg.batch_size * cfg.grad_accum)
     if steps_per_epoch == 0:
         raise EagleError(f"{len(train_set)} training samples cannot fill one update of {cfg.batch_size} x {cfg.grad_accum} sequences")
@@ -230,7 +238,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
         log.drop_after(latest)
         say(f"resumed from step {latest} of {max_steps}")
     else:
-        state = fns.init_state(key)
+        state = fns.init_state(key, None if initial is None else fitting_params(initial, fns.abstract_state["params"], cfg.init_head))
         log.drop_after(-1)
         evaluate(0, state["params"])  # the untrained baseline
     micro = int(jax.device_get(state["step"]))

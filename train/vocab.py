@@ -38,6 +38,16 @@ class DraftVocab:
         savez_atomic(path, used=self.used, target_vocab_size=self.target_vocab_size, coverage=self.coverage)
 
     @classmethod
+    def from_used(cls, used: np.ndarray, tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_size: int) -> "DraftVocab":
+        """A given vocabulary `used` (Vd,), with its coverage of the tokens (N,) where loss_mask (N,) is set."""
+        used = np.asarray(used, np.int32)
+        if used.min() < 0 or used.max() >= target_vocab_size or np.any(np.diff(used) <= 0):
+            raise EagleError(f"a draft vocabulary must list distinct target ids in [0, {target_vocab_size}) in ascending order")
+        counted = tokens[loss_mask.astype(bool)]
+        coverage = float(np.isin(counted, used).mean()) if counted.size else 0.0
+        return cls(used, target_vocab_size, coverage)
+
+    @classmethod
     def load(cls, path: str) -> "DraftVocab":
         with np.load(path) as f:
             return cls(f["used"], int(f["target_vocab_size"]), float(f["coverage"]))
@@ -49,7 +59,4 @@ def select_draft_vocab(tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_s
         raise EagleError(f"draft vocabulary size must be in [1, {target_vocab_size}], got {size}")
     counts = np.bincount(tokens[loss_mask.astype(bool)], minlength=target_vocab_size)
     order = np.lexsort((np.arange(target_vocab_size), -counts))  # by count descending, then id ascending
-    used = np.sort(order[:size]).astype(np.int32)
-    total = counts.sum()
-    coverage = float(counts[used].sum() / total) if total else 0.0
-    return DraftVocab(used, target_vocab_size, coverage)
+    return DraftVocab.from_used(np.sort(order[:size]), tokens, loss_mask, target_vocab_size)
