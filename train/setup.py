@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.config import DraftConfig
+from eagle_jax.draft.model import init_draft_params
 from eagle_jax.errors import EagleError
 from eagle_jax.loading import TargetModel
 from eagle_jax.train import data as data_lib
@@ -144,19 +145,26 @@ def draft_config(cfg: TrainConfig, target: TargetModel) -> DraftConfig:
     return dcfg
 
 
-def load_initial_head(cfg: TrainConfig, target: TargetModel) -> tuple[DraftConfig, dict]:
-    """--init-head: the head to continue training (its config and float32 params, d2t included).
+def load_initial_head(cfg: TrainConfig, target: TargetModel) -> tuple[DraftConfig, dict, np.ndarray | None]:
+    """--init-head: (config, float32 trainable params, d2t or None) of the head to continue training.
 
-    The head fixes the architecture and the draft vocabulary; head flags given as well must agree."""
+    The head fixes the architecture and the draft vocabulary; head flags given as well must agree,
+    and its weights must have exactly the layout the trainer builds. Checked before anything is written."""
     dcfg, params = load_draft(cfg.init_head, target.cfg)
     given = {"--head": (cfg.head, dcfg.kind), "--draft-vocab": (cfg.draft_vocab, dcfg.draft_vocab_size),
              "--fc-norm": (cfg.fc_norm or None, dcfg.fc_norm), "--norm-output": (cfg.norm_output or None, dcfg.norm_output)}
     clashes = [f"{flag} {mine} (the head: {theirs})" for flag, (mine, theirs) in given.items() if mine is not None and mine != theirs]
     if clashes:
-        raise EagleError(f"--init-head {cfg.init_head} does not match {', '.join(clashes)}; drop those flags or use a matching head")
+        raise EagleError(f"--init-head {cfg.init_head} does not match {', '.join(clashes)}; pass head flags that match the head, or none")
     if dcfg.kind == "eagle1" and cfg.ttt_steps != 1:
         raise EagleError("an eagle1 head trains one step (no training-time test); pass --ttt-steps 1")
-    return dcfg, params
+    d2t = params.pop("d2t", None)
+    expected = jax.eval_shape(lambda: init_draft_params(jax.random.key(0), dcfg))
+    expected.pop("d2t", None)
+    shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)  # noqa: E731
+    if shapes(params) != shapes(expected):
+        raise EagleError(f"--init-head {cfg.init_head}: its weights do not have the layout this trainer builds (extra or missing tensors)")
+    return dcfg, jax.tree.map(lambda x: np.asarray(x, np.float32), params), None if d2t is None else np.asarray(d2t)
 
 
 def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.TokenizedSet, data_lib.TokenizedSet]:

@@ -112,14 +112,6 @@ def make_step_functions(
     )
 
 
-def fitting_params(params: dict, expected: dict, source: str) -> dict:
-    """`params` as float32 arrays, if they have exactly the structure and shapes of `expected`."""
-    shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)  # noqa: E731
-    if shapes(params) != shapes(expected):
-        raise EagleError(f"--init-head {source}: its weights do not have the layout this trainer builds (extra or missing tensors)")
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-
-
 class BatchLoader:
     """Global batches built from the rows this process's devices hold."""
 
@@ -187,10 +179,10 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     mesh_lib.check_batch_size(mesh, cfg.batch_size)
     compute_dtype = jnp.dtype(cfg.dtype)
     target = load_target(cfg.model, dtype=compute_dtype)
-    dcfg, initial = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None)
+    dcfg, initial, initial_d2t = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None, None)
     os.makedirs(cfg.out, exist_ok=True)
     train_set, dev_set = prepare_data(cfg, target)
-    vocab = prepare_vocab(cfg, dcfg, train_set, initial.pop("d2t", None) if initial else None)
+    vocab = prepare_vocab(cfg, dcfg, train_set, initial_d2t)
     steps_per_epoch = len(train_set) // (cfg.batch_size * cfg.grad_accum)
     if steps_per_epoch == 0:
         raise EagleError(f"{len(train_set)} training samples cannot fill one update of {cfg.batch_size} x {cfg.grad_accum} sequences")
@@ -238,7 +230,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
         log.drop_after(latest)
         say(f"resumed from step {latest} of {max_steps}")
     else:
-        state = fns.init_state(key, None if initial is None else fitting_params(initial, fns.abstract_state["params"], cfg.init_head))
+        state = fns.init_state(key, initial)
         log.drop_after(-1)
         evaluate(0, state["params"])  # the untrained baseline
     micro = int(jax.device_get(state["step"]))
