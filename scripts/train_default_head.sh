@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The shipped default head for SmolLM2-135M-Instruct (eagle_jax/heads/smollm2-135m-instruct):
-# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in two stages.
+# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in three stages.
 # Stage 1: the first ShareGPT exchanges answered by SmolLM2 itself (self-distillation, greedy, at
 #   most 256 new tokens), 480 steps from scratch. Regeneration is resumable: a stopped run keeps
 #   OUT/regenerated and skips the conversations already answered.
 # Stage 2: continued from stage 1's head (--init-head: same weights, same draft vocabulary) on whole
 #   ShareGPT conversations 1000-2500 as they are (no regeneration: the target's soft labels on other
 #   text, and prompts up to 1024 tokens), 270 steps, target features online.
+# Stage 3: continued from stage 2's head the same way on the next 1500 conversations (2500-3999), 240 steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run=${1:-runs/default_head}
@@ -22,5 +23,10 @@ mkdir -p "$run"
   --init-head "$run/run4/draft" --out "$run/stage2" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 270 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 90 --save-every 30 --log-every 5 --tau-prompts 4 --no-progress
+.venv/bin/python scripts/sharegpt_slice.py --start 2500 --count 1500 --out "$run/sharegpt_2500_4000.jsonl"
+.venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_2500_4000.jsonl" --num-conversations 1500 \
+  --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
+  --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
+  --eval-every 80 --save-every 20 --log-every 5 --tau-prompts 4 --no-progress
 mkdir -p results/head_ablation
 .venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json

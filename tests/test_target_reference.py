@@ -30,6 +30,9 @@ def test_logits_and_hidden_states_match_transformers(family):
     out = forward(target.params, cfg, ids, positions, None, causal_mask(jnp.ones(ids.shape, bool)), capture=layers)
     logits = lm_head(target.params, out.hidden)
     assert np.abs(np.asarray(logits) - ref["logits"]).max() <= 1e-4
+    # a single row (one decode step) takes lm_head's other contraction for tied embeddings
+    single = lm_head(target.params, out.hidden[:1, -1:])
+    assert np.abs(np.asarray(single)[0, 0] - ref["logits"][0, -1]).max() <= 1e-4
     # HF hidden_states[i] (i < L) is the input of layer i; hidden_states[L] is post-norm.
     assert np.abs(np.asarray(out.captured) - ref["hidden_states"][:-1]).max() <= 1e-4
     assert np.abs(np.asarray(out.hidden) - ref["hidden_states"][-1]).max() <= 1e-4
