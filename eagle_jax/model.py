@@ -114,10 +114,12 @@ def lm_head(params: dict, hidden: jax.Array) -> jax.Array:
     and the embed.T form is the faster one.
     """
     if "lm_head" in params:
-        return jnp.einsum("...d,dv->...v", hidden, params["lm_head"], preferred_element_type=jnp.float32)
-    if math.prod(hidden.shape[:-1]) == 1:
-        return jnp.einsum("...d,vd->...v", hidden, params["embed"], preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", hidden, params["embed"].T, preferred_element_type=jnp.float32)
+        spec, w = "...d,dv->...v", params["lm_head"]
+    elif math.prod(hidden.shape[:-1]) == 1:
+        spec, w = "...d,vd->...v", params["embed"]
+    else:
+        spec, w = "...d,dv->...v", params["embed"].T
+    return jnp.einsum(spec, hidden, w, preferred_element_type=jnp.float32)
 
 
 def causal_mask(valid: jax.Array) -> jax.Array:
