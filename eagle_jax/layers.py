@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import jax
@@ -47,9 +49,41 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return rotated.astype(x.dtype)
 
 
+# At most this many rows (decode steps, verify blocks, draft tree levels) take `dense`'s CPU path.
+FEW_ROWS = 64
+_few_row_form = contextvars.ContextVar("few_row_form", default=True)
+
+
+@contextlib.contextmanager
+def many_rows():
+    """Within it, `dense` takes the plain contraction whatever row count it sees: for code under
+    jax.vmap, where each call sees a slice of the rows it will run (training's TTT steps)."""
+    token = _few_row_form.set(False)
+    try:
+        yield
+    finally:
+        _few_row_form.reset(token)
+
+
+def dense(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
+    """x (..., in) times a weight stored (out, in), as in PyTorch checkpoints: (..., out).
+
+    On CPU, for a few rows, the product is computed as w @ x^T and transposed back behind an
+    optimization barrier. XLA:CPU otherwise folds the transpose into the product and runs the same
+    matrix product about twice as slowly for 2-16 rows (`python scripts/bench_dense.py`); with the
+    barrier, verifying a block of 2 tokens costs what one decode step does. Many rows (prefill,
+    training) and other backends take the plain contraction.
+    """
+    rows = math.prod(x.shape[:-1])
+    if rows > FEW_ROWS or not _few_row_form.get() or jax.default_backend() != "cpu":
+        return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=out_dtype)
+    product = jax.lax.dot_general(w, x.reshape(rows, x.shape[-1]), (((1,), (1,)), ((), ())), preferred_element_type=out_dtype)
+    return jax.lax.optimization_barrier(product).T.reshape(*x.shape[:-1], w.shape[0])
+
+
 def swiglu(x: jax.Array, p: dict) -> jax.Array:
-    """SwiGLU MLP: down(silu(gate(x)) * up(x)). Weights are (in, out)."""
-    return (jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)). Weights are (out, in)."""
+    return dense(jax.nn.silu(dense(x, p["w_gate"])) * dense(x, p["w_up"]), p["w_down"])
 
 
 def self_attention(
@@ -76,9 +110,9 @@ def self_attention(
     Returns (out (B, T, d), k_new (B, T, KV, D), v_new (B, T, KV, D)) where k_new is post-RoPE.
     """
     b, t, _ = x.shape
-    q = x @ p["wq"]
-    k = x @ p["wk"]
-    v = x @ p["wv"]
+    q = dense(x, p["wq"])
+    k = dense(x, p["wk"])
+    v = dense(x, p["wv"])
     if "bq" in p:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     q = q.reshape(b, t, num_heads, head_dim)
@@ -94,4 +128,4 @@ def self_attention(
         k_block = jnp.concatenate([extra_kv[0], k], axis=1)
         v_block = jnp.concatenate([extra_kv[1], v], axis=1)
     out = attend(q, k_cache, v_cache, lengths, k_block, v_block, block_mask, impl=attn_impl)
-    return out.reshape(b, t, num_heads * head_dim) @ p["wo"], k, v
+    return dense(out.reshape(b, t, num_heads * head_dim), p["wo"]), k, v

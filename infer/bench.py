@@ -113,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
     )
     main = by_variant["as_given"]
     engines = {engine.tree: engine} | {t: dataclasses.replace(engine, tree=t) for t in trees if t != engine.tree}
-    sweep = [sweep_row(engines[t], engine.tree, main, prompts, args.seed) for t in trees]
+    sweep = []
+    for t in trees:
+        sweep.append(sweep_row(engines[t], engine.tree, main, prompts, args.seed))
+        if t != engine.tree:
+            engines[t].release()  # a long sweep would otherwise keep every tree's executables alive
     batch_trees = trees or ([] if ar_only else [engine.tree])
     batch = measure_batch_table(engine, engines, batch_trees, prompts, batch_sizes, args.seed)
 

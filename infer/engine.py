@@ -6,6 +6,7 @@ shape bucket, so `run` reports compile time and decode wall time separately.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 
@@ -23,6 +24,10 @@ from eagle_jax.speculative import check_draft, generate_spec_jit
 from eagle_jax.tree import TreeConfig
 
 CACHE_BUCKET = 256
+# Executables an engine keeps (least recently used dropped first). On XLA:CPU each compiled generate
+# of the default model holds about 1.5k memory maps and Linux allows 65,530 per process: a process
+# that kept every shape of a long tree sweep compiled ran out of them.
+MAX_COMPILED = 8
 
 
 @dataclasses.dataclass
@@ -60,7 +65,11 @@ class Engine:
             raise EagleError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft is not None:
             check_draft(self.target.cfg, self.draft[0], self.tree)
-        self._compiled = {}
+        self._compiled = collections.OrderedDict()
+
+    def release(self) -> None:
+        """Drop every compiled executable (they recompile on the next run)."""
+        self._compiled.clear()
 
     def encode_chat(self, messages: list[dict], raw: bool = False) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template (or raw text)."""
@@ -87,7 +96,11 @@ class Engine:
         key = (tree, tokens.shape, cache_len)
         args = (tokens, lengths, jax.random.key(seed))
         compile_s = 0.0
-        if key not in self._compiled:
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+        else:
+            while len(self._compiled) >= MAX_COMPILED:
+                self._compiled.popitem(last=False)
             start = time.perf_counter()
             self._compiled[key] = self._lower(tree, cache_len, *args).compile()
             compile_s = time.perf_counter() - start

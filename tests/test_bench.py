@@ -16,7 +16,7 @@ import pytest
 
 from conftest import tiny_config
 from eagle_jax.draft import DraftConfig, init_draft_params
-from eagle_jax.draft.checkpoint import export_draft
+from eagle_jax.draft.checkpoint import export_draft, load_draft
 from eagle_jax.errors import EagleError
 from eagle_jax.infer import bench as bench_cli
 from eagle_jax.infer import bench_measure, bench_report, cli
@@ -368,3 +368,24 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys, lines, args, words):
     err = capsys.readouterr().err.strip()
     assert err.startswith("eagle-jax: error:") and words in err and "\n" not in err
     assert not os.path.exists(tmp_path / "o.json")
+
+
+def test_engine_keeps_at_most_max_compiled_executables(tiny_model, monkeypatch):
+    """Each batch size is its own executable; past MAX_COMPILED the least recently used goes, and
+    a run that needs it again recompiles it (reported as compile time) with the same tokens."""
+    from eagle_jax.infer import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "MAX_COMPILED", 2)
+    load_target, draft = tiny_model
+    target = load_target("tiny")
+    engine = engine_module.Engine(target, load_draft(draft, target.cfg), TreeConfig(2, 2, 4), max_new_tokens=4)
+    engine.run([[1, 2, 3]])
+    pair = engine.run([[1, 2, 3]] * 2)
+    assert engine.run([[1, 2, 3]]).compile_s == 0.0  # still there, and now the most recent
+    engine.run([[1, 2, 3]] * 3)  # evicts the batch-2 executable
+    assert len(engine._compiled) == 2
+    assert engine.run([[1, 2, 3]]).compile_s == 0.0
+    again = engine.run([[1, 2, 3]] * 2)
+    assert again.compile_s > 0.0 and again.tokens == pair.tokens
+    engine.release()
+    assert not engine._compiled

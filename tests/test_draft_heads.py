@@ -229,7 +229,7 @@ def ref_step(raw, case, theta, lm_head, hidden, tokens, positions, ctx_k, ctx_v,
     gate = m @ raw["gate"].T
     h2 = h1 + ((gate / (1 + np.exp(-gate))) * (m @ raw["up"].T)) @ raw["down"].T
     if case["kind"] == "eagle1":
-        return h2 @ lm_head, h2, k, v
+        return h2 @ lm_head.T, h2, k, v
     normed_out = ref_rms(h2, raw["norm"])
     return normed_out @ raw["lm_head"].T, (normed_out if case.get("norm_output") else h2), k, v
 

@@ -45,5 +45,5 @@ def test_wrong_weight_shape_is_named(tmp_path):
     tensors = load_file(os.path.join(src, "model.safetensors"))
     tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"][:, :-1].copy()
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with pytest.raises(EagleError, match=r"layers.1.w_up has shape \(31, 64\), expected \(32, 64\)"):
+    with pytest.raises(EagleError, match=r"layers.1.w_up has shape \(64, 31\), expected \(64, 32\)"):
         load_target(str(tmp_path), with_tokenizer=False)

@@ -74,14 +74,13 @@ def bigram_target_and_perfect_eagle1():
     params = init_params(jax.random.key(3), cfg, scale=0.5)
     embed = params["embed"] / jnp.linalg.norm(params["embed"], axis=-1, keepdims=True)
     params["embed"] = embed
-    params["lm_head"] = 10 * jnp.roll(embed, 1, axis=0).T  # logit of y is <e_x, e_(y-1)>
-    params["layers"]["wo"] = jnp.zeros_like(params["layers"]["wo"])
-    params["layers"]["w_down"] = jnp.zeros_like(params["layers"]["w_down"])
+    params["lm_head"] = 10 * jnp.roll(embed, 1, axis=0)  # logit of y is <e_x, e_(y-1)>
+    params["layers"] = [layer | {"wo": jnp.zeros_like(layer["wo"]), "w_down": jnp.zeros_like(layer["w_down"])} for layer in params["layers"]]
     params["final_norm"] = jnp.ones_like(params["final_norm"])
     dcfg = DraftConfig.for_target(cfg, kind="eagle1")
     dparams = init_draft_params(jax.random.key(4), dcfg)
     d = cfg.hidden_size
-    dparams["fc"] = jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))])
+    dparams["fc"] = jnp.concatenate([jnp.eye(d), jnp.zeros((d, d))], axis=1)
     dparams["layer"]["wo"] = jnp.zeros_like(dparams["layer"]["wo"])
     dparams["layer"]["w_down"] = jnp.zeros_like(dparams["layer"]["w_down"])
     return cfg, params, dcfg, dparams

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from conftest import FIXTURES
 from eagle_jax.generate_ar import last_valid, prefill
 from eagle_jax.loading import load_target
+from eagle_jax.layers import FEW_ROWS, dense
 from eagle_jax.model import causal_mask, forward, lm_head, make_cache
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"]
@@ -30,7 +32,7 @@ def test_logits_and_hidden_states_match_transformers(family):
     out = forward(target.params, cfg, ids, positions, None, causal_mask(jnp.ones(ids.shape, bool)), capture=layers)
     logits = lm_head(target.params, out.hidden)
     assert np.abs(np.asarray(logits) - ref["logits"]).max() <= 1e-4
-    # a single row (one decode step) takes lm_head's other contraction for tied embeddings
+    # one row alone, as in a decode step
     single = lm_head(target.params, out.hidden[:1, -1:])
     assert np.abs(np.asarray(single)[0, 0] - ref["logits"][0, -1]).max() <= 1e-4
     # HF hidden_states[i] (i < L) is the input of layer i; hidden_states[L] is post-norm.
@@ -79,3 +81,19 @@ def test_gguf_tokenizer_and_chat_template_match_transformers(smollm2_target):
     for name, conv in cases["chat_template"].items():
         rendered = tok.apply_chat_template(conv["messages"], tokenize=False, add_generation_prompt=conv["add_generation_prompt"])
         assert rendered == conv["rendered"], name
+
+
+@pytest.mark.parametrize("rows", [1, 5, FEW_ROWS, FEW_ROWS + 1, 300])
+def test_dense_matches_numpy_on_both_paths(rows):
+    """`dense` takes a CPU-specific form up to FEW_ROWS rows and the plain contraction above: both,
+    their gradients (training goes through both) and their vmap (TTT steps) must be x @ w.T."""
+    rng = np.random.default_rng(rows)
+    x, w = rng.normal(size=(1, rows, 24)).astype(np.float32), rng.normal(size=(40, 24)).astype(np.float32)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    np.testing.assert_allclose(dense(jnp.asarray(x), jnp.asarray(w)), x64 @ w64.T, rtol=1e-5, atol=1e-5)
+    cotangent = rng.normal(size=(1, rows, 40))
+    gx, gw = jax.grad(lambda x, w: jnp.sum(dense(x, w) * cotangent), argnums=(0, 1))(jnp.asarray(x), jnp.asarray(w))
+    np.testing.assert_allclose(gx, cotangent @ w64, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gw, cotangent[0].T @ x64[0], rtol=1e-4, atol=1e-4)
+    batched = jax.vmap(dense, in_axes=(1, None), out_axes=1)(jnp.asarray(x), jnp.asarray(w))
+    np.testing.assert_allclose(batched, x64 @ w64.T, rtol=1e-5, atol=1e-5)

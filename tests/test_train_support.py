@@ -45,12 +45,11 @@ def make_tokenizer(vocab_size: int):
 def counting_params(cfg, seed: int) -> dict:
     """Random target params whose next-token choice mostly follows a rule, id -> id + 1, so that a
     draft head can learn it in a few steps: small attention/MLP outputs keep the residual stream
-    close to the token's embedding, and lm_head column j is the unit embedding of token j - 1."""
+    close to the token's embedding, and lm_head row j is the unit embedding of token j - 1."""
     params = jax.tree.map(np.asarray, init_params(jax.random.key(seed), cfg, scale=0.3))
-    for key in ("wo", "w_down"):
-        params["layers"][key] = params["layers"][key] * 0.02
+    params["layers"] = [layer | {key: layer[key] * 0.02 for key in ("wo", "w_down")} for layer in params["layers"]]
     embed = params["embed"]
-    params["lm_head"] = (4 * np.roll(embed, 1, axis=0) / np.linalg.norm(embed, axis=1, keepdims=True)).T.astype(np.float32)
+    params["lm_head"] = (4 * np.roll(embed, 1, axis=0) / np.linalg.norm(embed, axis=1, keepdims=True)).astype(np.float32)
     return params
 
 
@@ -62,11 +61,10 @@ def write_tiny_model(directory: str, seed: int = 0, **overrides) -> str:
              "wk": "self_attn.k_proj", "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
              "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
     tensors = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"],
-               "lm_head.weight": np.ascontiguousarray(params["lm_head"].T)}
+               "lm_head.weight": params["lm_head"]}
     for key, name in names.items():
-        for i in range(cfg.num_layers):
-            w = params["layers"][key][i]
-            tensors[f"model.layers.{i}.{name}.weight"] = np.ascontiguousarray(w.T if w.ndim == 2 else w)
+        for i, layer in enumerate(params["layers"]):
+            tensors[f"model.layers.{i}.{name}.weight"] = layer[key]
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, "model.safetensors"))
     tokenizer = make_tokenizer(cfg.vocab_size)

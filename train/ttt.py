@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import draft_forward
 from eagle_jax.kv_cache import KVCache
+from eagle_jax.layers import many_rows
 from eagle_jax.model import causal_mask
 from eagle_jax.train.losses import shift_left
 
@@ -61,9 +62,10 @@ def chain_step(
         return out.logits[:, 0], out.hidden[:, 0], out.k_new[0, :, 0], out.v_new[0, :, 0]
 
     lengths = jnp.arange(1, tokens.shape[1] + 1, dtype=jnp.int32)  # position t sees context keys 0..t
-    logits, next_hidden, k, v = jax.vmap(at_position, in_axes=(1, 1, 1, 0, 1, 1), out_axes=1)(
-        hidden, tokens, positions, lengths, *chain
-    )
+    with many_rows():  # each vmapped call sees B rows; together they are B * T
+        logits, next_hidden, k, v = jax.vmap(at_position, in_axes=(1, 1, 1, 0, 1, 1), out_axes=1)(
+            hidden, tokens, positions, lengths, *chain
+        )
     return StepOutput(logits, next_hidden), k, v
 
 

@@ -14,7 +14,7 @@ torch is installed) in any of these layouts:
     any weight name may carry a "model." prefix.
 Every config key is either interpreted, checked against the one value we implement, or listed as
 harmless below; any other key is refused, so no flag that changes the head is silently dropped.
-Torch weights are (out, in); ours are (in, out).
+Weights keep the checkpoints' torch (out, in) layout.
 
 Fused target layers are kept in HF hidden-state indexing (index i = the input of decoder layer i,
 0 = the embeddings), the indexing of `model.forward(capture=...)`:
@@ -88,29 +88,29 @@ EAGLE_CONFIG_HARMLESS_KEYS = frozenset({"next_layer_regular", "parallel_draft_he
 # Weights the reference never reads at inference: speculators' training-only verifier copies.
 UNUSED_WEIGHTS = ("verifier_norm.weight", "verifier_lm_head.weight")
 
-# Checkpoint name under layers.0 -> (key in params["layer"], stored transposed).
+# Checkpoint name under layers.0 -> key in params["layer"] (same (out, in) layout).
 LAYER_SLOTS = {
-    "self_attn.q_proj.weight": ("wq", True),
-    "self_attn.k_proj.weight": ("wk", True),
-    "self_attn.v_proj.weight": ("wv", True),
-    "self_attn.o_proj.weight": ("wo", True),
-    "self_attn.q_norm.weight": ("q_norm", False),
-    "self_attn.k_norm.weight": ("k_norm", False),
-    "input_layernorm.weight": ("input_norm", False),
-    "hidden_norm.weight": ("hidden_norm", False),
-    "post_attention_layernorm.weight": ("mlp_norm", False),
-    "mlp.gate_proj.weight": ("w_gate", True),
-    "mlp.up_proj.weight": ("w_up", True),
-    "mlp.down_proj.weight": ("w_down", True),
+    "self_attn.q_proj.weight": "wq",
+    "self_attn.k_proj.weight": "wk",
+    "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
+    "input_layernorm.weight": "input_norm",
+    "hidden_norm.weight": "hidden_norm",
+    "post_attention_layernorm.weight": "mlp_norm",
+    "mlp.gate_proj.weight": "w_gate",
+    "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
 }
-# Top-level checkpoint name -> (key in params, stored transposed). fc_norm.{i} and d2t are special.
+# Top-level checkpoint name -> key in params. fc_norm.{i} and d2t are special.
 TOP_SLOTS = {
-    "fc.weight": ("fc", True),
-    "fc.bias": ("fc_bias", False),
-    "input_norm.weight": ("fc_pre_norm", False),
-    "norm.weight": ("final_norm", False),
-    "lm_head.weight": ("lm_head", True),
-    "embed_tokens.weight": ("embed", False),
+    "fc.weight": "fc",
+    "fc.bias": "fc_bias",
+    "input_norm.weight": "fc_pre_norm",
+    "norm.weight": "final_norm",
+    "lm_head.weight": "lm_head",
+    "embed_tokens.weight": "embed",
 }
 LAYER = "layers.0."
 # An exported head names no max_position_embeddings of its own; serving engines size their RoPE
@@ -485,10 +485,10 @@ def _params_from_tensors(tensors: dict, dcfg: DraftConfig, qk_norm: bool, dtype,
             fc_norm.append(jnp.asarray(array, dtype or array.dtype))
             continue
         if name.startswith(LAYER):
-            (key, transposed), target = LAYER_SLOTS[name[len(LAYER):]], params["layer"]
+            key, target = LAYER_SLOTS[name[len(LAYER):]], params["layer"]
         else:
-            (key, transposed), target = TOP_SLOTS[name], params
-        target[key] = jnp.asarray(np.ascontiguousarray(array.T) if transposed else array, dtype or array.dtype)
+            key, target = TOP_SLOTS[name], params
+        target[key] = jnp.asarray(array, dtype or array.dtype)
     if fc_norm:
         params["fc_norm"] = jnp.stack(fc_norm)
     return params
@@ -546,15 +546,15 @@ def export_draft(directory: str, dcfg: DraftConfig, dparams: dict) -> None:
 
 
 def _export_array(dparams: dict, name: str) -> np.ndarray:
-    """The weight `name` (canonical checkpoint name) from our params, in torch layout."""
+    """The weight `name` (canonical checkpoint name) from our params (already in torch layout)."""
     if name == "d2t":
-        key, transposed, source = "d2t", False, dparams
+        key, source = "d2t", dparams
     elif name.startswith("fc_norm."):
-        key, transposed, source = "fc_norm", False, dparams
+        key, source = "fc_norm", dparams
     elif name.startswith(LAYER):
-        (key, transposed), source = LAYER_SLOTS[name[len(LAYER):]], dparams["layer"]
+        key, source = LAYER_SLOTS[name[len(LAYER):]], dparams["layer"]
     else:
-        (key, transposed), source = TOP_SLOTS[name], dparams
+        key, source = TOP_SLOTS[name], dparams
     if key not in source:
         raise EagleError(f"cannot export: the params have no {key!r} (for {name}), which this DraftConfig needs")
     array = np.asarray(source[key])
@@ -562,7 +562,7 @@ def _export_array(dparams: dict, name: str) -> np.ndarray:
         return array.astype(np.int64)  # the public layouts store int64 offsets
     if name.startswith("fc_norm."):
         return array[int(name.split(".")[1])]
-    return array.T if transposed else array
+    return array
 
 
 def _rope_to_hf(rope: RopeConfig) -> dict | None:

@@ -1,12 +1,12 @@
 """Draft heads as pure functions over a params pytree.
 
-params (eagle1) = {"fc": (2d, d), ["fc_bias": (d,)], "layer": L}
-params (eagle3) = {"fc": (3*dt, d), ["fc_norm": (3, dt)] | ["fc_pre_norm": (3*dt,)], "layer": L,
-                   "final_norm": (d,), "lm_head": (d, Vd), "d2t": (Vd,) int32, ["embed": (V, d)]}
-L = {["input_norm": (d,), "hidden_norm": (d,)] (eagle3), "wq": (a, H*Dh), "wk": (a, KV*Dh),
-     "wv": (a, KV*Dh), "wo": (H*Dh, d), ["q_norm": (Dh,), "k_norm": (Dh,)] (Qwen3-style layer),
+params (eagle1) = {"fc": (d, 2d), ["fc_bias": (d,)], "layer": L}
+params (eagle3) = {"fc": (d, 3*dt), ["fc_norm": (3, dt)] | ["fc_pre_norm": (3*dt,)], "layer": L,
+                   "final_norm": (d,), "lm_head": (Vd, d), "d2t": (Vd,) int32, ["embed": (V, d)]}
+L = {["input_norm": (d,), "hidden_norm": (d,)] (eagle3), "wq": (H*Dh, a), "wk": (KV*Dh, a),
+     "wv": (KV*Dh, a), "wo": (d, H*Dh), ["q_norm": (Dh,), "k_norm": (Dh,)] (Qwen3-style layer),
      "mlp_norm": (d,), "w_gate", "w_up", "w_down"}
-with a = d for eagle1 and a = 2d for eagle3. The embedding (and for eagle1 the lm_head) are the
+with a = d for eagle1 and a = 2d for eagle3. Matrices are (out, in), as the checkpoints store them. The embedding (and for eagle1 the lm_head) are the
 target's own, frozen: they are read from the target params, never stored in the head. The one
 exception is an eagle3 head narrower than its target (d != dt): the target's (V, dt) embedding does
 not fit it, so such a head carries its own (V, d) "embed", as in the reference implementation.
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from eagle_jax import model as target_model
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.kv_cache import KVCache
-from eagle_jax.layers import rms_norm, rope_inverse_frequencies, self_attention, swiglu
+from eagle_jax.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
 
 
 class DraftOutput(NamedTuple):
@@ -50,7 +50,7 @@ def project_features(dparams: dict, dcfg: DraftConfig, target_out: target_model.
     fused = jnp.concatenate(list(feats), axis=-1)  # (B, T, 3*dt), low first
     if dcfg.norm_before_fc:
         fused = rms_norm(fused, dparams["fc_pre_norm"], dcfg.rms_norm_eps)
-    return fused @ dparams["fc"]
+    return dense(fused, dparams["fc"])
 
 
 def draft_forward(
@@ -71,7 +71,7 @@ def draft_forward(
     eps = dcfg.rms_norm_eps
     embed = dparams.get("embed", target_params["embed"])[tokens].astype(hidden.dtype)
     if dcfg.kind == "eagle1":
-        x = jnp.concatenate([embed, hidden], axis=-1) @ dparams["fc"]
+        x = dense(jnp.concatenate([embed, hidden], axis=-1), dparams["fc"])
         if "fc_bias" in dparams:
             x = x + dparams["fc_bias"]
         residual, attn_in = x, x  # the EAGLE-1 layer has no input norm
@@ -90,7 +90,7 @@ def draft_forward(
         logits, next_hidden = target_model.lm_head(target_params, h), h
     else:
         normed = rms_norm(h, dparams["final_norm"], eps)
-        logits = jnp.einsum("...d,dv->...v", normed, dparams["lm_head"], preferred_element_type=jnp.float32)
+        logits = dense(normed, dparams["lm_head"], out_dtype=jnp.float32)
         next_hidden = normed if dcfg.norm_output else h
     return DraftOutput(logits, next_hidden, k[None], v[None])
 
@@ -107,24 +107,24 @@ def init_draft_params(rng: jax.Array, dcfg: DraftConfig, dtype=jnp.float32, scal
     d, f, dt = dcfg.hidden_size, dcfg.intermediate_size, dcfg.target_hidden_size
     attn_in = d if dcfg.kind == "eagle1" else 2 * d
     q, kv = dcfg.num_heads * dcfg.head_dim, dcfg.num_kv_heads * dcfg.head_dim
-    shapes = {"wq": (attn_in, q), "wk": (attn_in, kv), "wv": (attn_in, kv), "wo": (q, d),
-              "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
+    shapes = {"wq": (q, attn_in), "wk": (kv, attn_in), "wv": (kv, attn_in), "wo": (d, q),
+              "w_gate": (f, d), "w_up": (f, d), "w_down": (d, f)}
     keys = iter(jax.random.split(rng, len(shapes) + 2))
     normal = lambda shape: (scale * jax.random.normal(next(keys), shape)).astype(dtype)  # noqa: E731
     layer = {name: normal(shape) for name, shape in shapes.items()}
     layer["mlp_norm"] = jnp.ones((d,), dtype)
     if dcfg.kind == "eagle1":
-        params = {"fc": normal((2 * d, d)), "layer": layer}
+        params = {"fc": normal((d, 2 * d)), "layer": layer}
         if dcfg.fc_bias:
             params["fc_bias"] = jnp.zeros((d,), dtype)
         return params
     layer["input_norm"] = jnp.ones((d,), dtype)
     layer["hidden_norm"] = jnp.ones((d,), dtype)
     params = {
-        "fc": normal((len(dcfg.feature_layers) * dt, d)),
+        "fc": normal((d, len(dcfg.feature_layers) * dt)),
         "layer": layer,
         "final_norm": jnp.ones((d,), dtype),
-        "lm_head": normal((d, dcfg.draft_vocab_size)),
+        "lm_head": normal((dcfg.draft_vocab_size, d)),
         "d2t": jnp.zeros((dcfg.draft_vocab_size,), jnp.int32),
     }
     if dcfg.fc_norm:

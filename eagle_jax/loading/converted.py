@@ -22,6 +22,10 @@ from safetensors.numpy import load_file, save_file
 from eagle_jax.config import ModelConfig, RopeConfig
 
 
+# Part of every entry's key: entries written for another params layout are never read.
+PARAMS_LAYOUT = "per-layer, matrices (out, in)"
+
+
 def cache_root() -> str | None:
     root = os.environ.get("EAGLE_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "eagle-jax"))
     return None if root == "off" else root
@@ -32,7 +36,7 @@ def entry_dir(path: str) -> str | None:
     if root is None:
         return None
     stat = os.stat(path)
-    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{PARAMS_LAYOUT}"
     name = os.path.basename(path).removesuffix(".gguf")
     return os.path.join(root, "converted", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
 
@@ -49,6 +53,7 @@ def load_converted(path: str):
     fields["rope"] = RopeConfig(**fields["rope"])
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
     params = unflatten_dict(load_file(os.path.join(entry, "params.safetensors")), sep=".")
+    params["layers"] = [params["layers"][str(i)] for i in range(len(params["layers"]))]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(entry, "tokenizer"))
     return ModelConfig(**fields), params, tokenizer
 
@@ -66,7 +71,8 @@ def store_converted(path: str, cfg: ModelConfig, params: dict, tokenizer) -> Non
     try:
         with open(os.path.join(staging, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(cfg), f)
-        flat = {k: np.asarray(v, np.float32) for k, v in flatten_dict(params, sep=".").items()}
+        by_index = params | {"layers": {str(i): layer for i, layer in enumerate(params["layers"])}}
+        flat = {k: np.asarray(v, np.float32) for k, v in flatten_dict(by_index, sep=".").items()}
         save_file(flat, os.path.join(staging, "params.safetensors"))
         tokenizer.save_pretrained(os.path.join(staging, "tokenizer"))
         os.rename(staging, entry)

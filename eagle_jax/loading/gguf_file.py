@@ -99,8 +99,8 @@ def load_gguf(path: str, dtype) -> tuple[ModelConfig, dict]:
             w = tensors[full]  # numpy order: (out, in) for matrices
             if permuted and key in ("wq", "wk"):
                 w = unpermute_rows(w, cfg.num_heads if key == "wq" else cfg.num_kv_heads)
-            layer[key] = w.T if w.ndim == 2 else w
+            layer[key] = w
         layers.append(layer)
-    lm_head = None if cfg.tie_embeddings else get("output.weight").T
+    lm_head = None if cfg.tie_embeddings else get("output.weight")
     params = assemble_params(cfg, get("token_embd.weight"), get("output_norm.weight"), lm_head, layers, dtype, path)
     return cfg, params

@@ -107,25 +107,22 @@ def load_hf_directory(directory: str, dtype) -> tuple[ModelConfig, dict]:
     tensors = read_safetensors(directory)
     tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
 
-    def get(name, transpose=False):
+    def get(name):
         if name not in tensors:
             raise EagleError(f"{source}: missing weight {name}")
-        w = np.asarray(tensors[name], np.float32)
-        return w.T if transpose else w
+        return np.asarray(tensors[name], np.float32)
 
     names = {
-        "attn_norm": ("input_layernorm.weight", False), "mlp_norm": ("post_attention_layernorm.weight", False),
-        "wq": ("self_attn.q_proj.weight", True), "wk": ("self_attn.k_proj.weight", True),
-        "wv": ("self_attn.v_proj.weight", True), "wo": ("self_attn.o_proj.weight", True),
-        "w_gate": ("mlp.gate_proj.weight", True), "w_up": ("mlp.up_proj.weight", True),
-        "w_down": ("mlp.down_proj.weight", True), "bq": ("self_attn.q_proj.bias", False),
-        "bk": ("self_attn.k_proj.bias", False), "bv": ("self_attn.v_proj.bias", False),
-        "q_norm": ("self_attn.q_norm.weight", False), "k_norm": ("self_attn.k_norm.weight", False),
+        "attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
+        "wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
+        "wo": "self_attn.o_proj.weight", "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight",
+        "w_down": "mlp.down_proj.weight", "bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias",
+        "bv": "self_attn.v_proj.bias", "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
     }
     layers = []
     for i in range(cfg.num_layers):
         prefix = f"layers.{i}."
-        layers.append({k: get(prefix + n, t) for k, (n, t) in names.items() if prefix + n in tensors})
-    lm_head = None if cfg.tie_embeddings else get("lm_head.weight", transpose=True)
+        layers.append({k: get(prefix + n) for k, n in names.items() if prefix + n in tensors})
+    lm_head = None if cfg.tie_embeddings else get("lm_head.weight")
     params = assemble_params(cfg, get("embed_tokens.weight"), get("norm.weight"), lm_head, layers, dtype, source)
     return cfg, params
