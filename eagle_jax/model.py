@@ -11,7 +11,9 @@ params = {
 }
 
 The layers are separate arrays walked by a Python loop, not one stacked array scanned over: on
-XLA:CPU the scan's per-layer slice of the weights makes a decode step about 1.5x slower.
+XLA:CPU the scan's per-layer slice of the weights makes the products of a verify block 1.4-2x
+slower (scripts/bench_dense.py). The price is compile time: every layer is compiled on its own, and
+a generate compiles 3-8x longer than with a scan.
 """
 
 from __future__ import annotations
