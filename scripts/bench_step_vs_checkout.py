@@ -60,6 +60,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if not os.path.isfile(os.path.join(args.baseline, "eagle_jax", "model.py")):
+        raise SystemExit(f"--baseline {args.baseline}: not an eagle-jax checkout (no eagle_jax/model.py); "
+                         "expected e.g. the directory of `git worktree add DIR <commit>`")
     os.environ["EAGLE_JAX_CACHE"] = "off"  # each version converts the GGUF in its own layout
     versions = {"baseline": step_of(args.baseline, args.model), "this_tree": step_of(HERE, args.model)}
     from eagle_jax.atomic import write_text_atomic  # this tree's, imported last
