@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from eagle_jax.accept import accept_greedy, accept_sampling
 from eagle_jax.config import ModelConfig
 from eagle_jax.draft.config import DraftConfig
-from eagle_jax.draft.model import draft_forward, draft_to_target_ids, make_draft_cache, project_features
+from eagle_jax.draft.model import draft_forward, draft_layer, draft_readout, draft_to_target_ids, make_draft_cache, project_features
 from eagle_jax.errors import EagleError
 from eagle_jax.generate_ar import PAD, check_prompt_fits, is_stop, last_valid, prefill
 from eagle_jax.kv_cache import KVCache
@@ -54,13 +54,9 @@ def run_draft_context(dparams, dcfg, params, draft_cache, features, tokens, posi
     b, n = tokens.shape
     mask = causal_mask(jnp.arange(n)[None, :] < num_new[:, None])
     prefix = KVCache.empty_prefix(1, b, dcfg.num_kv_heads, dcfg.head_dim, features.dtype) if first else draft_cache
-    out = draft_forward(dparams, dcfg, params, features, tokens, positions, prefix, mask, attn_impl=attn_impl)
-    last = jnp.maximum(num_new, 1)
-    return DraftState(
-        draft_cache.write(out.k_new, out.v_new, num_new),
-        jax.nn.log_softmax(last_valid(out.logits, last), axis=-1),
-        last_valid(out.hidden, last),
-    )
+    h, k, v = draft_layer(dparams, dcfg, params, features, tokens, positions, prefix, mask, attn_impl=attn_impl)
+    logits, hidden = draft_readout(dparams, dcfg, params, last_valid(h, jnp.maximum(num_new, 1)))  # the last position only
+    return DraftState(draft_cache.write(k[None], v[None], num_new), jax.nn.log_softmax(logits, axis=-1), hidden)
 
 
 def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.Array, tree: TreeConfig, attn_impl) -> DraftTree:

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from eagle_jax.disk_cache import enable_compilation_cache
+
+    enable_compilation_cache()  # a second run of the same shapes loads its executables
     try:
         return args.func(args)
     except EagleError as e:

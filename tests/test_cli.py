@@ -102,3 +102,16 @@ def test_speculative_generate_with_a_head_directory_matches_plain(tmp_path, smol
     assert spec["text"] == reports["--no-spec"]["text"]
     assert spec["rounds"] >= 1 and spec["tau"] >= 1.0
     assert spec["tree"] == {"top_k": 3, "depth": 2, "num_nodes": 8, "scoring": "dynamic"}
+
+
+@pytest.mark.slow
+def test_a_second_run_loads_its_compiled_program_from_the_disk_cache(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env |= {"EAGLE_JAX_CACHE": str(tmp_path), "JAX_LOG_COMPILES": "1"}  # cache hits are logged
+    cmd = [sys.executable, "-m", "eagle_jax.infer", "generate", "--no-spec", "--json", "--max-new-tokens", "4", "--prompt", "Hi!"]
+    runs = [subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env) for _ in range(2)]
+    assert all(run.returncode == 0 for run in runs), runs[-1].stderr
+    assert os.listdir(tmp_path / "xla")
+    hit = "Persistent compilation cache hit"
+    assert hit not in runs[0].stderr and hit in runs[1].stderr
+    assert json.loads(runs[1].stdout)["text"] == json.loads(runs[0].stdout)["text"]

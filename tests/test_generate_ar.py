@@ -17,14 +17,24 @@ CFG = tiny_config(vocab_size=40)
 PARAMS = init_params(jax.random.key(2), CFG, scale=0.3)
 
 
+REFERENCE_LEN = 32  # the reference's sequences are zero-padded to one shape: one compile
+
+
+@jax.jit
+def next_greedy_token_without_cache(ids: jax.Array, length: jax.Array) -> jax.Array:
+    """argmax of the logits after the first `length` tokens of ids (1, REFERENCE_LEN), run from
+    scratch; the causal mask keeps the padding after them out of the result."""
+    positions = jnp.arange(REFERENCE_LEN)[None]
+    hidden = forward(PARAMS, CFG, ids, positions, None, causal_mask(positions < length)).hidden
+    return jnp.argmax(lm_head(PARAMS, hidden[0, length - 1]))
+
+
 def reference_greedy(prompt: list[int], steps: int, stop_ids=()) -> list[int]:
     """Re-run the whole sequence without any cache for every new token."""
     seq, out = list(prompt), []
     for _ in range(steps):
-        ids = jnp.asarray([seq], jnp.int32)
-        pos = jnp.arange(len(seq))[None]
-        hidden = forward(PARAMS, CFG, ids, pos, None, causal_mask(jnp.ones(ids.shape, bool))).hidden
-        nxt = int(jnp.argmax(lm_head(PARAMS, hidden[0, -1])))
+        ids = jnp.zeros((1, REFERENCE_LEN), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq, jnp.int32))
+        nxt = int(next_greedy_token_without_cache(ids, len(seq)))
         out.append(nxt)
         seq.append(nxt)
         if nxt in stop_ids:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +26,7 @@ def table_draft(table):
     return run_level
 
 
+@functools.partial(jax.jit, static_argnums=0)  # one compile per tree shape, not one per operation
 def build(tree: TreeConfig, table, roots):
     b = roots.shape[0]
     root_lp = jax.nn.log_softmax(table[roots], axis=-1)
@@ -78,7 +81,7 @@ def test_perfect_draft_accepts_the_whole_best_path(tree_args, seed):
     roots = jnp.asarray(rng.integers(0, VOCAB, size=2), jnp.int32)
     t = build(tree, table, roots)
     logits = table[t.tokens]  # target logits at each node = the draft's table
-    acc = jax.tree.map(np.asarray, accept_greedy(t, logits))
+    acc = jax.tree.map(np.asarray, jax.jit(accept_greedy)(t, logits))
     tokens, parents = np.asarray(t.tokens), np.asarray(t.parents)
     greedy_next = np.argmax(np.asarray(table), axis=-1)
     for b in range(2):

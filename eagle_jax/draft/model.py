@@ -66,7 +66,15 @@ def draft_forward(
     *,
     attn_impl: str = "auto",
 ) -> DraftOutput:
-    """One pass of the draft decoder layer over T tokens (context positions or tree nodes)."""
+    """One pass of the draft decoder layer over T tokens (context positions or tree nodes), read out
+    at every one of them."""
+    h, k, v = draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, block_mask, extra_kv, attn_impl=attn_impl)
+    logits, next_hidden = draft_readout(dparams, dcfg, target_params, h)
+    return DraftOutput(logits, next_hidden, k[None], v[None])
+
+
+def draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, block_mask, extra_kv=None, *, attn_impl="auto"):
+    """The decoder layer of `draft_forward` alone: (h (B, T, d), k_new, v_new (B, T, KV, Dh))."""
     p = dparams["layer"]
     eps = dcfg.rms_norm_eps
     embed = dparams.get("embed", target_params["embed"])[tokens].astype(hidden.dtype)
@@ -85,14 +93,16 @@ def draft_forward(
         inv_freq=rope_inverse_frequencies(dcfg.rope, dcfg.head_dim), eps=eps, extra_kv=extra_kv, attn_impl=attn_impl,
     )
     h = residual + a
-    h = h + swiglu(rms_norm(h, p["mlp_norm"], eps), p)
+    return h + swiglu(rms_norm(h, p["mlp_norm"], eps), p), k, v
+
+
+def draft_readout(dparams: dict, dcfg: DraftConfig, target_params: dict, h: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits (..., Vd) float32, the hidden fed to the next draft step (..., d)) from the layer's h."""
     if dcfg.kind == "eagle1":
-        logits, next_hidden = target_model.lm_head(target_params, h), h
-    else:
-        normed = rms_norm(h, dparams["final_norm"], eps)
-        logits = dense(normed, dparams["lm_head"], out_dtype=jnp.float32)
-        next_hidden = normed if dcfg.norm_output else h
-    return DraftOutput(logits, next_hidden, k[None], v[None])
+        return target_model.lm_head(target_params, h), h
+    normed = rms_norm(h, dparams["final_norm"], dcfg.rms_norm_eps)
+    logits = dense(normed, dparams["lm_head"], out_dtype=jnp.float32)
+    return logits, normed if dcfg.norm_output else h
 
 
 def draft_to_target_ids(dparams: dict, dcfg: DraftConfig, draft_ids: jax.Array) -> jax.Array:

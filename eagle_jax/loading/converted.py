@@ -1,7 +1,7 @@
 """On-disk cache of converted GGUF models: dequantizing and building the tokenizer takes seconds,
 reading the converted float32 weights back takes well under one.
 
-Entries live in $EAGLE_JAX_CACHE (default ~/.cache/eagle-jax), keyed by the GGUF's absolute path,
+Entries live in $EAGLE_JAX_CACHE/converted (eagle_jax.disk_cache), keyed by the GGUF's absolute path,
 size and modification time; each is written to a temporary directory and renamed into place, so a
 half-written entry is never read. Set EAGLE_JAX_CACHE=off to disable.
 """
@@ -20,15 +20,11 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from safetensors.numpy import load_file, save_file
 
 from eagle_jax.config import ModelConfig, RopeConfig
+from eagle_jax.disk_cache import cache_root
 
 
 # Part of every entry's key: entries written for another params layout are never read.
 PARAMS_LAYOUT = "per-layer, matrices (out, in)"
-
-
-def cache_root() -> str | None:
-    root = os.environ.get("EAGLE_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "eagle-jax"))
-    return None if root == "off" else root
 
 
 def entry_dir(path: str) -> str | None:
