@@ -32,7 +32,7 @@ class SpecOutput(NamedTuple):
     tokens: jax.Array  # (B, max_new_tokens) int32, PAD after each row's end
     num_tokens: jax.Array  # (B,) int32 generated tokens per row (a stop token included)
     rounds: jax.Array  # (B,) int32 draft/verify rounds each row took part in
-    accept_histogram: jax.Array  # (B, D + 2) rounds that accepted 0..D+1 draft tokens
+    accept_histogram: jax.Array  # (B, tree.max_path) rounds that accepted 0, 1, ... draft tokens
 
 
 class DraftState(NamedTuple):
@@ -130,10 +130,10 @@ def generate_spec(
         logits = lm_head(params, verify.hidden)  # (B, T, V)
         rng, key = jax.random.split(s["rng"])
         acc = accept_greedy(t, logits) if sampling.greedy else accept_sampling(key, t, logits, sampling, tree)
-        path = jnp.take_along_axis(t.paths, acc.node[:, None, None], axis=1)[:, 0]  # (B, D+2) root first
+        path = jnp.take_along_axis(t.paths, acc.node[:, None, None], axis=1)[:, 0]  # (B, max_path) root first
         gather = jnp.maximum(path, 0)
         path_tokens = jnp.take_along_axis(t.tokens, gather, axis=1)
-        # emitted this round: the accepted draft tokens then the bonus  (B, D+2)
+        # emitted this round: the accepted draft tokens then the bonus  (B, max_path)
         idx = jnp.arange(path_len)[None, :]
         emitted = jnp.where(idx < acc.num_accepted[:, None], jnp.roll(path_tokens, -1, axis=1), 0)
         emitted = jnp.where(idx == acc.num_accepted[:, None], acc.bonus[:, None], emitted)

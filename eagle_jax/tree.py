@@ -3,7 +3,8 @@
 Each of the depth+1 draft levels expands the top_k nodes with the best cumulative draft log-prob;
 every expanded node contributes its top_k children to a candidate pool of
 top_k + depth * top_k**2 entries; the best num_nodes - 1 candidates, sorted by pool index (so
-parents precede children), become the tree below the root. A chain is top_k = 1; a static tree
+parents precede children), become the tree below the root. Levels deeper than the node budget can
+reach are not drafted (`TreeConfig.effective_depth`). A chain is top_k = 1; a static tree
 uses rank-based scores instead of draft log-probs, so the same machinery always picks the same shape.
 """
 
@@ -51,9 +52,17 @@ class TreeConfig:
         return self.top_k + self.depth * self.top_k**2
 
     @property
+    def effective_depth(self) -> int:
+        """The expansion passes whose children the budget can keep. A kept node comes with all its
+        ancestors (none scores below its descendants, and ties go to the earlier pool entry), so
+        no node deeper than the num_nodes - 1 draft nodes is ever kept: passes past
+        num_nodes - 2 are not run."""
+        return min(self.depth, self.num_nodes - 2)
+
+    @property
     def max_path(self) -> int:
         """Nodes on the longest root-to-leaf path, root included."""
-        return self.depth + 2
+        return self.effective_depth + 2
 
 
 class DraftTree(NamedTuple):
@@ -61,7 +70,7 @@ class DraftTree(NamedTuple):
     parents: jax.Array  # (B, T) int32 node index of the parent (root: 0)
     ancestor_mask: jax.Array  # (B, T, T) bool, [r, j] = j is r or an ancestor of r
     depths: jax.Array  # (B, T) int32, root 0
-    paths: jax.Array  # (B, T, D+2) int32 node indices root -> node, -1 past the node's depth
+    paths: jax.Array  # (B, T, max_path) int32 node indices root -> node, -1 past the node's depth
 
 
 # run_level(carry, hidden (B, K, d), tokens (B, K), level, ancestors (B, K, K*level))
@@ -86,7 +95,15 @@ def expand_tree(
     to_target_ids: Callable[[jax.Array], jax.Array],
 ) -> DraftTree:
     """Grow the draft tree level by level and rerank the pool to the node budget."""
-    k, depth = tree.top_k, tree.depth
+    pool = grow_pool(tree, tree.effective_depth, root_tokens, root_log_probs, root_hidden, run_level, carry, to_target_ids)
+    return select_nodes(tree, root_tokens, *pool)
+
+
+def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_hidden, run_level: DraftLevelFn, carry, to_target_ids):
+    """The candidate pool of `passes` expansion passes (arguments as in `expand_tree`): cumulative
+    scores, target-id tokens and pool index of each entry's parent (-1: the root), each
+    (B, top_k + passes * top_k**2), parents before children."""
+    k = tree.top_k
     b = root_tokens.shape[0]
     scores, draft_ids = jax.lax.top_k(root_log_probs, k)  # (B, K)
     if tree.scoring == "static":
@@ -96,7 +113,7 @@ def expand_tree(
     run_hidden = jnp.repeat(root_hidden[:, None], k, axis=1)  # (B, K, d)
     run_pool_index = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
     run_ancestors = jnp.zeros((b, k, 0), bool)  # earlier-level draft slots each run node descends from
-    for level in range(depth):
+    for level in range(passes):
         carry, log_probs, hidden = run_level(carry, run_hidden, run_tokens, level, run_ancestors)
         child_scores, child_ids = jax.lax.top_k(log_probs, k)  # (B, K, K)
         if tree.scoring == "static":
@@ -113,9 +130,7 @@ def expand_tree(
         run_tokens = take(child_tokens, chosen)
         run_ancestors = jnp.concatenate([take(run_ancestors, rows), jax.nn.one_hot(rows, k, dtype=bool)], axis=-1)
         run_pool_index = k + level * k * k + chosen
-    return select_nodes(
-        tree, root_tokens, jnp.concatenate(pool_scores, 1), jnp.concatenate(pool_tokens, 1), jnp.concatenate(pool_parents, 1)
-    )
+    return jnp.concatenate(pool_scores, 1), jnp.concatenate(pool_tokens, 1), jnp.concatenate(pool_parents, 1)
 
 
 def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_parents) -> DraftTree:
@@ -132,7 +147,7 @@ def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_p
     parents = parents.astype(jnp.int32)
     eye = jnp.eye(t, dtype=bool)
     ancestors = jnp.broadcast_to(eye, (tokens.shape[0], t, t))
-    for _ in range(tree.depth + 1):
+    for _ in range(tree.effective_depth + 1):
         ancestors = eye | jax.vmap(lambda a, p: a[p])(ancestors, parents)
     depths = jnp.sum(ancestors, axis=-1).astype(jnp.int32) - 1
     return DraftTree(tokens.astype(jnp.int32), parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))

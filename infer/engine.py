@@ -36,7 +36,7 @@ class RunResult:
     wall_s: float  # decode wall time, compile excluded
     compile_s: float  # 0 when the shape bucket was already compiled
     rounds: list[int]  # speculative rounds per row (0 for plain decoding)
-    accept_histogram: np.ndarray  # (B, depth + 2) rounds by accepted draft tokens; empty for plain
+    accept_histogram: np.ndarray  # (B, tree.max_path) rounds by accepted draft tokens; empty for plain
 
     @property
     def new_tokens(self) -> int:

@@ -26,20 +26,33 @@ NEW_TOKENS = (1, 2, 4, 8, 16)
 CACHE_SLOTS, CACHE_FILLED = 512, 300
 
 
-def step_of(root: str, model: str):
-    """(jitted step, params, cache) built from the eagle_jax package under `root`."""
+def import_checkout(root: str, *modules: str) -> list:
+    """The named eagle_jax modules imported from the checkout under `root` (earlier imports dropped)."""
+    import importlib
+
     for name in [m for m in sys.modules if m == "eagle_jax" or m.startswith("eagle_jax.")]:
         del sys.modules[name]
     sys.path.insert(0, root)
     try:
-        from eagle_jax.kv_cache import KVCache
-        from eagle_jax.loading import load_target
-        from eagle_jax.model import forward, lm_head, make_cache
+        imported = [importlib.import_module(m) for m in modules]
     finally:
         sys.path.pop(0)
     if not sys.modules["eagle_jax"].__file__.startswith(os.path.abspath(root)):
         raise SystemExit(f"imported eagle_jax from {sys.modules['eagle_jax'].__file__}, not from {root}")
-    target = load_target(model, with_tokenizer=False)
+    return imported
+
+
+def check_checkout(root: str) -> None:
+    if not os.path.isfile(os.path.join(root, "eagle_jax", "model.py")):
+        raise SystemExit(f"--baseline {root}: not an eagle-jax checkout (no eagle_jax/model.py); "
+                         "expected e.g. the directory of `git worktree add DIR <commit>`")
+
+
+def step_of(root: str, model: str):
+    """(jitted step, params, cache) built from the eagle_jax package under `root`."""
+    kv_cache, loading, model_code = import_checkout(root, "eagle_jax.kv_cache", "eagle_jax.loading", "eagle_jax.model")
+    KVCache, forward, lm_head, make_cache = kv_cache.KVCache, model_code.forward, model_code.lm_head, model_code.make_cache
+    target = loading.load_target(model, with_tokenizer=False)
     cfg = target.cfg
     empty = make_cache(cfg, 1, CACHE_SLOTS)
     cache = KVCache(empty.k + 0.01, empty.v + 0.01, jnp.full((1,), CACHE_FILLED, jnp.int32))
@@ -60,9 +73,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if not os.path.isfile(os.path.join(args.baseline, "eagle_jax", "model.py")):
-        raise SystemExit(f"--baseline {args.baseline}: not an eagle-jax checkout (no eagle_jax/model.py); "
-                         "expected e.g. the directory of `git worktree add DIR <commit>`")
+    check_checkout(args.baseline)
     os.environ["EAGLE_JAX_CACHE"] = "off"  # each version converts the GGUF in its own layout
     versions = {"baseline": step_of(args.baseline, args.model), "this_tree": step_of(HERE, args.model)}
     from eagle_jax.atomic import write_text_atomic  # this tree's, imported last

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from eagle_jax.accept import accept_greedy, children_table
 from eagle_jax.errors import EagleError
-from eagle_jax.tree import TreeConfig, expand_tree
+from eagle_jax.tree import TreeConfig, expand_tree, grow_pool, select_nodes
 
 VOCAB = 12
 
@@ -93,6 +93,33 @@ def test_perfect_draft_accepts_the_whole_best_path(tree_args, seed):
             node, depth = kids[0], depth + 1
         assert acc.node[b] == node and acc.num_accepted[b] == depth
         assert acc.bonus[b] == greedy_next[tokens[b, node]]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def build_from_every_pass(tree: TreeConfig, table, roots):
+    """The tree selected from a pool of all `depth` passes, the ones past the budget's reach included."""
+    b = roots.shape[0]
+    root_lp = jax.nn.log_softmax(table[roots], axis=-1)
+    pool = grow_pool(tree, tree.depth, roots, root_lp, jnp.zeros((b, 4)), table_draft(table), None, lambda ids: ids)
+    return select_nodes(tree, roots, *pool)
+
+
+small_budgets = st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(2, 5), st.sampled_from(["dynamic", "static"])).filter(
+    lambda t: t[1] > t[2] - 2 and t[2] <= 1 + t[0] + t[1] * t[0] ** 2
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(tree_args=small_budgets, seed=st.integers(0, 2**16), peaked=st.booleans())
+def test_passes_past_the_node_budget_would_keep_no_node(tree_args, seed, peaked):
+    """expand_tree drafts only effective_depth passes; drafting every pass selects the same tree
+    (static scores and saturated log-probs give ties, which go to the earlier pool entry)."""
+    tree = TreeConfig(*tree_args)
+    assert tree.effective_depth == tree.num_nodes - 2 < tree.depth
+    rng = np.random.default_rng(seed)
+    table = jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * (300 if peaked else 3), jnp.float32)
+    roots = jnp.asarray(rng.integers(0, VOCAB, size=3), jnp.int32)
+    jax.tree.map(np.testing.assert_array_equal, build(tree, table, roots), build_from_every_pass(tree, table, roots))
 
 
 def test_chain_is_a_single_path():

@@ -1,0 +1,100 @@
+"""Speculative generate of this tree against another checkout's, in one process, same model, head,
+tree and prompts.
+
+    git worktree add /tmp/baseline <commit>
+    .venv/bin/python scripts/bench_generate_vs_checkout.py --baseline /tmp/baseline --out results/round_cost/generate_vs_11e0b45.json
+
+Each version compiles `generate_spec` for the default model with its shipped head and tuned tree
+(read from this tree), greedy, then the two are timed interleaved on each prompt (median of --reps
+calls each, compile excluded). Both are lossless, so their tokens must be equal. The prompts are
+the tuning questions (data/sharegpt_tune.jsonl), rendered with the chat template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench_step_vs_checkout import HERE, check_checkout, import_checkout
+
+MODEL = "smollm2-135m-instruct"
+
+
+def generate_of(root: str, tree_args: dict, max_new_tokens: int):
+    """(generate(tokens, lengths) -> SpecOutput, tokenizer) from the eagle_jax package under `root`."""
+    loading, registry, checkpoint, speculative, tree_mod = import_checkout(
+        root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.speculative", "eagle_jax.tree"
+    )
+    target = loading.load_target(MODEL)
+    dcfg, dparams = checkpoint.load_draft(registry.default_head_dir(MODEL), target.cfg)
+    tree = tree_mod.TreeConfig(**tree_args)
+
+    def generate(tokens, lengths):
+        return speculative.generate_spec_jit(
+            target.params, target.cfg, dparams, dcfg, tokens, lengths, jax.random.key(0),
+            max_new_tokens=max_new_tokens, cache_len=512, tree=tree, stop_ids=target.stop_ids,
+        )
+
+    return generate, target.tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", required=True, help="root of another checkout (a git worktree)")
+    parser.add_argument("--prompts", type=int, default=4, help="how many tuning questions")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    check_checkout(args.baseline)
+    with open(os.path.join(HERE, "eagle_jax", "heads", MODEL, "tree.json")) as f:
+        tree_args = {k: v for k, v in json.load(f).items() if k in ("top_k", "depth", "num_nodes")}
+    versions = {name: generate_of(root, tree_args, args.max_new_tokens) for name, root in (("baseline", args.baseline), ("this_tree", HERE))}
+    from eagle_jax.atomic import write_text_atomic  # this tree's, imported last
+    from eagle_jax.generate_ar import pad_prompts
+    from eagle_jax.infer.bench_report import describe_machine
+
+    tokenizer = versions["this_tree"][1]
+    with open(os.path.join(HERE, "data", "sharegpt_tune.jsonl")) as f:
+        questions = [json.loads(line)["turns"][0] for line in f][: args.prompts]
+    rows, total = [], {name: 0.0 for name in versions}
+    for question in questions:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        tokens, lengths = (jnp.asarray(a) for a in pad_prompts([ids]))
+        outs = {name: jax.block_until_ready(fn(tokens, lengths)) for name, (fn, _) in versions.items()}  # compiles
+        np.testing.assert_array_equal(np.asarray(outs["baseline"].tokens), np.asarray(outs["this_tree"].tokens))
+        times = {name: [] for name in versions}
+        for _ in range(args.reps):
+            for name, (fn, _) in versions.items():
+                start = time.perf_counter()
+                jax.block_until_ready(fn(tokens, lengths))
+                times[name].append(time.perf_counter() - start)
+        ms = {name: round(1e3 * float(np.median(v)), 1) for name, v in times.items()}
+        for name in versions:
+            total[name] += ms[name]
+        new_tokens, rounds = int(outs["this_tree"].num_tokens[0]), int(outs["this_tree"].rounds[0])
+        rows.append({"prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": rounds, "wall_ms": ms,
+                     "baseline_over_this_tree": round(ms["baseline"] / ms["this_tree"], 3)})
+        print(rows[-1], flush=True)
+    result = {
+        "per_prompt": rows,
+        "total_wall_ms": total,
+        "baseline_over_this_tree": round(total["baseline"] / total["this_tree"], 3),
+        "baseline": os.path.abspath(args.baseline),
+        "config": {"model": MODEL, "tree": tree_args, "max_new_tokens": args.max_new_tokens, "reps": args.reps,
+                   "greedy": True, "cache_len": 512, "dtype": "float32"},
+        "machine": describe_machine(),
+    }
+    write_text_atomic(args.out, json.dumps(result, indent=2) + "\n")
+    print(f"baseline / this tree: {result['baseline_over_this_tree']}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
