@@ -11,7 +11,7 @@ out=${1:-results/default_head}
 head=eagle_jax/heads/smollm2-135m-instruct
 mkdir -p "$out"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" \
-  --top-k 4 --depth 4 --sweep top_k=2,4 --sweep depth=2,3 --sweep num_nodes=4,6,10 --auto-tune --out "$out/tune.json"
+  --top-k 4 --depth 4 --sweep top_k=2,4 --sweep depth=2,3 --sweep num_nodes=4,6,8 --auto-tune --out "$out/tune.json"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 2 --max-new-tokens 96 \
   --out "$out/spec_bench.json" --plots "$out/plots_spec_bench"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_dev.jsonl --limit 10 --max-new-tokens 96 \
