@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench_dense import median_ms
 from bench_step_vs_checkout import HERE, check_checkout, import_checkout
 
 MODEL = "smollm2-135m-instruct"
@@ -70,13 +70,7 @@ def main() -> None:
         tokens, lengths = (jnp.asarray(a) for a in pad_prompts([ids]))
         outs = {name: jax.block_until_ready(fn(tokens, lengths)) for name, (fn, _) in versions.items()}  # compiles
         np.testing.assert_array_equal(np.asarray(outs["baseline"].tokens), np.asarray(outs["this_tree"].tokens))
-        times = {name: [] for name in versions}
-        for _ in range(args.reps):
-            for name, (fn, _) in versions.items():
-                start = time.perf_counter()
-                jax.block_until_ready(fn(tokens, lengths))
-                times[name].append(time.perf_counter() - start)
-        ms = {name: round(1e3 * float(np.median(v)), 1) for name, v in times.items()}
+        ms = median_ms({name: fn for name, (fn, _) in versions.items()}, {name: (tokens, lengths) for name in versions}, args.reps)
         for name in versions:
             total[name] += ms[name]
         new_tokens, rounds = int(outs["this_tree"].num_tokens[0]), int(outs["this_tree"].rounds[0])

@@ -15,11 +15,12 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from bench_dense import median_ms
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_TOKENS = (1, 2, 4, 8, 16)
@@ -84,13 +85,8 @@ def main() -> None:
         tokens = jnp.full((1, t), 100, jnp.int32)
         logits = {name: np.asarray(fn(params, cache, tokens)) for name, (fn, params, cache) in versions.items()}
         assert np.abs(logits["baseline"] - logits["this_tree"]).max() <= 2e-3
-        times = {name: [] for name in versions}
-        for _ in range(args.reps):
-            for name, (fn, params, cache) in versions.items():
-                start = time.perf_counter()
-                jax.block_until_ready(fn(params, cache, tokens))
-                times[name].append(time.perf_counter() - start)
-        ms = {name: round(1e3 * float(np.median(v)), 1) for name, v in times.items()}
+        ms = median_ms({name: fn for name, (fn, _, _) in versions.items()},
+                       {name: (params, cache, tokens) for name, (_, params, cache) in versions.items()}, args.reps)
         results[t] = ms | {"baseline_over_this_tree": round(ms["baseline"] / ms["this_tree"], 2)}
         print(f"{t:2d} new tokens: {results[t]}", flush=True)
     result = {
