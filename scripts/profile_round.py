@@ -26,6 +26,7 @@ from eagle_jax.accept import accept_greedy
 from eagle_jax.atomic import write_text_atomic
 from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.model import make_draft_cache, project_features
+from eagle_jax.errors import EagleError
 from eagle_jax.infer.bench_policy import load_tuned_tree
 from eagle_jax.infer.bench_report import describe_machine
 from eagle_jax.kv_cache import KVCache
@@ -78,6 +79,15 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
     return median_ms(fns, args, reps)
 
 
+def parse_tree(parser: argparse.ArgumentParser, spec: str) -> TreeConfig:
+    """TreeConfig from "top_k/depth/num_nodes"; a bad spec ends with the parser's one-line error."""
+    try:
+        top_k, depth, num_nodes = (int(n) for n in spec.split("/"))
+        return TreeConfig(top_k, depth, num_nodes)
+    except (ValueError, EagleError) as e:
+        parser.error(f"--trees {spec!r}: expected top_k/depth/num_nodes, e.g. 2/2/4 ({e})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", default="", help="top_k/depth/num_nodes,... (default: the shipped head's tuned tree and 4/4/16)")
@@ -85,14 +95,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    target = load_target(DEFAULT_MODEL, with_tokenizer=False)
-    cfg, params = target.cfg, target.params
     head_dir = default_head_dir(DEFAULT_MODEL)
-    dcfg, dparams = load_draft(head_dir, cfg)
     if args.trees:
-        trees = [TreeConfig(*(int(n) for n in spec.split("/"))) for spec in args.trees.split(",")]
+        trees = [parse_tree(parser, spec) for spec in args.trees.split(",")]
     else:
         trees = [load_tuned_tree(head_dir) or TreeConfig(), TreeConfig(4, 4, 16)]
+    target = load_target(DEFAULT_MODEL, with_tokenizer=False)
+    cfg, params = target.cfg, target.params
+    dcfg, dparams = load_draft(head_dir, cfg)
     cache = filled(make_cache(cfg, 1, CACHE_SLOTS))
     draft_cache = filled(make_draft_cache(dcfg, 1, CACHE_SLOTS))
     log_probs = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (1, dcfg.draft_vocab_size)))
