@@ -90,8 +90,8 @@ def self_attention(
     x: jax.Array,  # (B, T, d_in)
     p: dict,
     positions: jax.Array,  # (B, T)
-    k_cache: jax.Array,  # (B, S, KV, D)
-    v_cache: jax.Array,  # (B, S, KV, D)
+    k_cache: jax.Array,  # (B, KV, S, D)
+    v_cache: jax.Array,  # (B, KV, S, D)
     lengths: jax.Array,  # (B,)
     block_mask: jax.Array,  # (B, T, T_new) bool
     *,

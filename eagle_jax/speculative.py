@@ -63,7 +63,7 @@ def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.
     """Grow the tree for root tokens (B,) from the draft state."""
     b, k = root.shape[0], tree.top_k
     cache = state.cache
-    no_levels = jnp.zeros((b, 0, dcfg.num_kv_heads, dcfg.head_dim), cache.k.dtype)
+    no_levels = jnp.zeros((b, 0, dcfg.num_kv_heads, dcfg.head_dim), cache.k[0].dtype)
 
     def run_level(level_kv, hidden, tokens, level, ancestors):
         positions = jnp.broadcast_to(cache.lengths[:, None] + level, (b, k))

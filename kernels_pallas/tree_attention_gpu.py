@@ -32,7 +32,7 @@ _MIN_TILE = 16  # smallest dot operand side Triton accepts
 def _kernel(
     lengths_ref,  # () int32
     q_ref,  # (bq, D)
-    k_cache_ref,  # (S_pad, D)
+    k_cache_ref,  # (S_pad, D), one kv head's contiguous keys
     v_cache_ref,  # (S_pad, D)
     k_new_ref,  # (nT * bn, D)
     v_new_ref,  # (nT * bn, D)
@@ -73,8 +73,8 @@ def _kernel(
 )
 def tree_attention_gpu(
     q: jax.Array,  # (B, Tq, H, D)
-    k_cache: jax.Array,  # (B, S, KV, D)
-    v_cache: jax.Array,  # (B, S, KV, D)
+    k_cache: jax.Array,  # (B, KV, S, D)
+    v_cache: jax.Array,  # (B, KV, S, D)
     lengths: jax.Array,  # (B,) int32, visible prefix length per row, 0..S
     k_new: jax.Array,  # (B, Tk, KV, D)
     v_new: jax.Array,  # (B, Tk, KV, D)
@@ -95,7 +95,7 @@ def tree_attention_gpu(
     inputs). D must be a power of two >= 16 (64 and 128 are the supported head sizes).
     """
     b, tq, h, d = q.shape
-    s, kv = k_cache.shape[1], k_cache.shape[2]
+    kv, s = k_cache.shape[1], k_cache.shape[2]
     tk = k_new.shape[1]
     groups = h // kv
     scale = d**-0.5 if scale is None else scale
@@ -110,13 +110,13 @@ def tree_attention_gpu(
     width = layout.words_per_block(block_new)
 
     q_rows = layout.pack_query_rows(q, kv, rows)  # (B, KV, rows, D)
-    k_cache, v_cache = (layout.pad_axis(x, 1, s_pad) for x in (k_cache, v_cache))
+    k_cache, v_cache = (layout.pad_axis(x, 2, s_pad) for x in (k_cache, v_cache))
     k_new, v_new = (layout.pad_axis(x, 1, tk_pad) for x in (k_new, v_new))
     words = layout.pack_mask_words(block_mask, groups, rows, block_new, n_new_blocks)  # (B, nT, W, rows, 1)
     lengths = jnp.clip(lengths.astype(jnp.int32), 0, s)
 
     row_tile = pl.BlockSpec((None, None, block_q, d), lambda i, j, r: (i, j, r, 0))
-    cache = pl.BlockSpec((None, s_pad, None, d), lambda i, j, r: (i, 0, j, 0))
+    cache = pl.BlockSpec((None, None, s_pad, d), lambda i, j, r: (i, j, 0, 0))
     new = pl.BlockSpec((None, tk_pad, None, d), lambda i, j, r: (i, 0, j, 0))
     out = pl.pallas_call(
         functools.partial(_kernel, scale=scale, block_k=block_k, block_new=block_new),

@@ -1,12 +1,12 @@
-"""Speculative generate of this tree against another checkout's, in one process, same model, head,
-tree and prompts.
+"""Speculative and plain generate of this tree against another checkout's, in one process, same
+model, head, tree and prompts.
 
     git worktree add /tmp/baseline <commit>
     .venv/bin/python scripts/bench_generate_vs_checkout.py --baseline /tmp/baseline --out results/round_cost/generate_vs_11e0b45.json
 
 Each version compiles `generate_spec` for the default model with its shipped head and tuned tree
-(read from this tree), greedy, then the two are timed interleaved on each prompt (median of --reps
-calls each, compile excluded). Both are lossless, so their tokens must be equal. The prompts are
+(read from this tree), greedy, and `generate_ar`; the four are timed interleaved on each prompt
+(median of --reps calls each, compile excluded). All are lossless, so their tokens must be equal. The prompts are
 the tuning questions (data/sharegpt_tune.jsonl), rendered with the chat template.
 """
 
@@ -27,21 +27,41 @@ MODEL = "smollm2-135m-instruct"
 
 
 def generate_of(root: str, tree_args: dict, max_new_tokens: int):
-    """(generate(tokens, lengths) -> SpecOutput, tokenizer) from the eagle_jax package under `root`."""
-    loading, registry, checkpoint, speculative, tree_mod = import_checkout(
-        root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.speculative", "eagle_jax.tree"
+    """(speculative generate, plain generate, tokenizer) from the eagle_jax package under `root`;
+    each generate(tokens, lengths) returns (tokens (1, max_new_tokens), rounds (1,))."""
+    loading, registry, checkpoint, speculative, tree_mod, plain = import_checkout(
+        root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.speculative", "eagle_jax.tree",
+        "eagle_jax.generate_ar",
     )
     target = loading.load_target(MODEL)
     dcfg, dparams = checkpoint.load_draft(registry.default_head_dir(MODEL), target.cfg)
     tree = tree_mod.TreeConfig(**tree_args)
 
     def generate(tokens, lengths):
-        return speculative.generate_spec_jit(
+        out = speculative.generate_spec_jit(
             target.params, target.cfg, dparams, dcfg, tokens, lengths, jax.random.key(0),
             max_new_tokens=max_new_tokens, cache_len=512, tree=tree, stop_ids=target.stop_ids,
         )
+        return out.tokens, out.rounds
 
-    return generate, target.tokenizer
+    def generate_plain(tokens, lengths):
+        out = plain.generate_ar_jit(
+            target.params, target.cfg, tokens, lengths, jax.random.key(0),
+            max_new_tokens=max_new_tokens, cache_len=512, stop_ids=target.stop_ids,
+        )
+        return out.tokens, out.num_tokens
+
+    return generate, generate_plain, target.tokenizer
+
+
+def ratios(ms: dict) -> dict:
+    """How much faster this tree is (spec, plain), and speculation's speedup in each version."""
+    return {
+        "spec_baseline_over_this_tree": round(ms["baseline_spec"] / ms["this_tree_spec"], 3),
+        "plain_baseline_over_this_tree": round(ms["baseline_plain"] / ms["this_tree_plain"], 3),
+        "speedup_baseline": round(ms["baseline_plain"] / ms["baseline_spec"], 3),
+        "speedup_this_tree": round(ms["this_tree_plain"] / ms["this_tree_spec"], 3),
+    }
 
 
 def main() -> None:
@@ -55,39 +75,41 @@ def main() -> None:
     check_checkout(args.baseline)
     with open(os.path.join(HERE, "eagle_jax", "heads", MODEL, "tree.json")) as f:
         tree_args = {k: v for k, v in json.load(f).items() if k in ("top_k", "depth", "num_nodes")}
-    versions = {name: generate_of(root, tree_args, args.max_new_tokens) for name, root in (("baseline", args.baseline), ("this_tree", HERE))}
+    fns, tokenizer = {}, None
+    for version, root in (("baseline", args.baseline), ("this_tree", HERE)):
+        spec, plain, tokenizer = generate_of(root, tree_args, args.max_new_tokens)
+        fns[f"{version}_spec"], fns[f"{version}_plain"] = spec, plain
     from eagle_jax.atomic import write_text_atomic  # this tree's, imported last
     from eagle_jax.generate_ar import pad_prompts
     from eagle_jax.infer.bench_report import describe_machine
 
-    tokenizer = versions["this_tree"][1]
     with open(os.path.join(HERE, "data", "sharegpt_tune.jsonl")) as f:
         questions = [json.loads(line)["turns"][0] for line in f][: args.prompts]
-    rows, total = [], {name: 0.0 for name in versions}
+    rows, total = [], {name: 0.0 for name in fns}
     for question in questions:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         tokens, lengths = (jnp.asarray(a) for a in pad_prompts([ids]))
-        outs = {name: jax.block_until_ready(fn(tokens, lengths)) for name, (fn, _) in versions.items()}  # compiles
-        np.testing.assert_array_equal(np.asarray(outs["baseline"].tokens), np.asarray(outs["this_tree"].tokens))
-        ms = median_ms({name: fn for name, (fn, _) in versions.items()}, {name: (tokens, lengths) for name in versions}, args.reps)
-        for name in versions:
+        outs = {name: jax.block_until_ready(fn(tokens, lengths)) for name, fn in fns.items()}  # compiles
+        for name in fns:
+            np.testing.assert_array_equal(np.asarray(outs[name][0]), np.asarray(outs["this_tree_plain"][0]), err_msg=name)
+        ms = median_ms(fns, {name: (tokens, lengths) for name in fns}, args.reps)
+        for name in fns:
             total[name] += ms[name]
-        new_tokens, rounds = int(outs["this_tree"].num_tokens[0]), int(outs["this_tree"].rounds[0])
-        rows.append({"prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": rounds, "wall_ms": ms,
-                     "baseline_over_this_tree": round(ms["baseline"] / ms["this_tree"], 3)})
+        new_tokens, rounds = int(outs["this_tree_plain"][1][0]), int(outs["this_tree_spec"][1][0])
+        rows.append({"prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": rounds, "wall_ms": ms} | ratios(ms))
         print(rows[-1], flush=True)
     result = {
         "per_prompt": rows,
         "total_wall_ms": total,
-        "baseline_over_this_tree": round(total["baseline"] / total["this_tree"], 3),
+        **ratios(total),
         "baseline": os.path.abspath(args.baseline),
         "config": {"model": MODEL, "tree": tree_args, "max_new_tokens": args.max_new_tokens, "reps": args.reps,
                    "greedy": True, "cache_len": 512, "dtype": "float32"},
         "machine": describe_machine(),
     }
     write_text_atomic(args.out, json.dumps(result, indent=2) + "\n")
-    print(f"baseline / this tree: {result['baseline_over_this_tree']}; wrote {args.out}")
+    print(f"{ratios(total)}; wrote {args.out}")
 
 
 if __name__ == "__main__":

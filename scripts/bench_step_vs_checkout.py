@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_step_vs_checkout.py --baseline /tmp/baseline --out results/dense_layout/step_vs_adc7bfb.json
 
 The step: forward over T new tokens (T = 1: a decode step; more: a verify block of that many tree
-nodes) with a 512-slot cache holding 300 tokens, then the logits. Both versions load the same model,
+nodes) with a --cache-slots cache holding --cache-filled tokens (default 512 and 300), then the logits. Both versions load the same model,
 are compiled first and timed interleaved (median of --reps calls each); their logits must agree to
 2e-3 (float32, products in another order).
 """
@@ -24,22 +24,34 @@ from bench_dense import median_ms
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_TOKENS = (1, 2, 4, 8, 16)
-CACHE_SLOTS, CACHE_FILLED = 512, 300
+
+
+# Folders the package installs under the eagle_jax namespace (pyproject's package-dir): an editable
+# install maps them to this tree, so a checkout's own copies are loaded by path.
+MAPPED_FOLDERS = {"kernels_pallas": "eagle_jax.kernels_pallas", "train": "eagle_jax.train", "infer": "eagle_jax.infer"}
 
 
 def import_checkout(root: str, *modules: str) -> list:
     """The named eagle_jax modules imported from the checkout under `root` (earlier imports dropped)."""
     import importlib
+    import importlib.util
 
     for name in [m for m in sys.modules if m == "eagle_jax" or m.startswith("eagle_jax.")]:
         del sys.modules[name]
     sys.path.insert(0, root)
     try:
+        importlib.import_module("eagle_jax")
+        for folder, name in MAPPED_FOLDERS.items():
+            location = os.path.join(root, folder)
+            spec = importlib.util.spec_from_file_location(name, os.path.join(location, "__init__.py"), submodule_search_locations=[location])
+            sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[name])
         imported = [importlib.import_module(m) for m in modules]
     finally:
         sys.path.pop(0)
-    if not sys.modules["eagle_jax"].__file__.startswith(os.path.abspath(root)):
-        raise SystemExit(f"imported eagle_jax from {sys.modules['eagle_jax'].__file__}, not from {root}")
+    for name in ("eagle_jax", *MAPPED_FOLDERS.values(), *modules):
+        if not sys.modules[name].__file__.startswith(os.path.abspath(root)):
+            raise SystemExit(f"imported {name} from {sys.modules[name].__file__}, not from {root}")
     return imported
 
 
@@ -49,14 +61,15 @@ def check_checkout(root: str) -> None:
                          "expected e.g. the directory of `git worktree add DIR <commit>`")
 
 
-def step_of(root: str, model: str):
+def step_of(root: str, model: str, slots: int, filled: int):
     """(jitted step, params, cache) built from the eagle_jax package under `root`."""
     kv_cache, loading, model_code = import_checkout(root, "eagle_jax.kv_cache", "eagle_jax.loading", "eagle_jax.model")
     KVCache, forward, lm_head, make_cache = kv_cache.KVCache, model_code.forward, model_code.lm_head, model_code.make_cache
     target = loading.load_target(model, with_tokenizer=False)
     cfg = target.cfg
-    empty = make_cache(cfg, 1, CACHE_SLOTS)
-    cache = KVCache(empty.k + 0.01, empty.v + 0.01, jnp.full((1,), CACHE_FILLED, jnp.int32))
+    empty = make_cache(cfg, 1, slots)
+    k, v = jax.tree.map(lambda x: x + 0.01, (empty.k, empty.v))  # a stacked array or per-layer arrays
+    cache = KVCache(k, v, jnp.full((1,), filled, jnp.int32))
 
     @jax.jit
     def step(params, cache, tokens):  # (1, T) new tokens, causal among themselves
@@ -71,12 +84,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", required=True, help="root of another checkout (a git worktree)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--cache-slots", type=int, default=512)
+    parser.add_argument("--cache-filled", type=int, default=300, help="tokens already in the cache")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if not 0 <= args.cache_filled <= args.cache_slots - max(NEW_TOKENS):
+        parser.error(f"--cache-filled {args.cache_filled}: expected 0..{args.cache_slots - max(NEW_TOKENS)} "
+                     f"(--cache-slots {args.cache_slots} minus room for {max(NEW_TOKENS)} new tokens)")
     check_checkout(args.baseline)
     os.environ["EAGLE_JAX_CACHE"] = "off"  # each version converts the GGUF in its own layout
-    versions = {"baseline": step_of(args.baseline, args.model), "this_tree": step_of(HERE, args.model)}
+    versions = {name: step_of(root, args.model, args.cache_slots, args.cache_filled) for name, root in (("baseline", args.baseline), ("this_tree", HERE))}
     from eagle_jax.atomic import write_text_atomic  # this tree's, imported last
     from eagle_jax.infer.bench_report import describe_machine
 
@@ -92,7 +110,7 @@ def main() -> None:
     result = {
         "step_ms_by_new_tokens": results,
         "baseline": os.path.abspath(args.baseline),
-        "config": {"model": args.model, "cache_slots": CACHE_SLOTS, "cache_filled": CACHE_FILLED, "reps": args.reps, "dtype": "float32"},
+        "config": {"model": args.model, "cache_slots": args.cache_slots, "cache_filled": args.cache_filled, "reps": args.reps, "dtype": "float32"},
         "machine": describe_machine(),
     }
     write_text_atomic(args.out, json.dumps(result, indent=2) + "\n")

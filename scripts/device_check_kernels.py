@@ -61,8 +61,8 @@ def make_inputs(shape: Shape, seed: int) -> tuple[jax.Array, ...]:
     mask = np.stack([random_tree_mask(rng, t) for _ in range(b)])
     return (
         normal(b, t, h, d),  # q
-        normal(b, s, kv, d),  # k_cache
-        normal(b, s, kv, d),  # v_cache
+        normal(b, kv, s, d),  # k_cache, head-major
+        normal(b, kv, s, d),  # v_cache
         jnp.asarray(lengths, jnp.int32),
         normal(b, t, kv, d),  # k_new
         normal(b, t, kv, d),  # v_new

@@ -41,7 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def filled(cache: KVCache) -> KVCache:
-    return KVCache(cache.k + 0.01, cache.v + 0.01, jnp.full(cache.lengths.shape, CACHE_FILLED, jnp.int32))
+    k, v = jax.tree.map(lambda x: x + 0.01, (cache.k, cache.v))
+    return KVCache(k, v, jnp.full(cache.lengths.shape, CACHE_FILLED, jnp.int32))
 
 
 def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root, reps: int) -> dict:

@@ -51,9 +51,10 @@ def chain_step(
     """TTT step k >= 1 at every position. Returns (output, k_new, v_new (B, T, KV, Dh))."""
     batch = tokens.shape[0]
     num_chain = chain[0].shape[2]
+    context_k, context_v = ((x.swapaxes(1, 2),) for x in context)  # one cache layer, (B, KV, T, Dh)
 
     def at_position(h, token, position, length, chain_k, chain_v):  # (B, d), (B,), (B,), (), (B, k-1, KV, Dh) x2
-        cache = KVCache(context[0][None], context[1][None], jnp.full((batch,), length, jnp.int32))
+        cache = KVCache(context_k, context_v, jnp.full((batch,), length, jnp.int32))
         mask = jnp.ones((batch, 1, num_chain + 1), bool)
         extra = (chain_k, chain_v) if num_chain else None
         out = draft_forward(
