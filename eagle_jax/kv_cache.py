@@ -34,10 +34,6 @@ class KVCache:
         """A zero-slot cache: attention sees no prefix (prefill from scratch, training)."""
         return cls.zeros(num_layers, batch, 0, num_kv_heads, head_dim, dtype)
 
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[2]
-
     def write(self, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array) -> "KVCache":
         """Write blocks (layers, B, T, KV, D) at each row's length and advance lengths by num_new (B,).
 

@@ -24,11 +24,13 @@ from bench_dense import median_ms
 from bench_step_vs_checkout import HERE, check_checkout, import_checkout
 
 MODEL = "smollm2-135m-instruct"
+CACHE_LEN = 512
 
 
 def generate_of(root: str, tree_args: dict, max_new_tokens: int):
     """(speculative generate, plain generate, tokenizer) from the eagle_jax package under `root`;
-    each generate(tokens, lengths) returns (tokens (1, max_new_tokens), rounds (1,))."""
+    each generate(tokens, lengths) returns (tokens (1, max_new_tokens), a count (1,)): the rounds
+    for the speculative one, the new tokens for the plain one."""
     loading, registry, checkpoint, speculative, tree_mod, plain = import_checkout(
         root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.speculative", "eagle_jax.tree",
         "eagle_jax.generate_ar",
@@ -40,14 +42,14 @@ def generate_of(root: str, tree_args: dict, max_new_tokens: int):
     def generate(tokens, lengths):
         out = speculative.generate_spec_jit(
             target.params, target.cfg, dparams, dcfg, tokens, lengths, jax.random.key(0),
-            max_new_tokens=max_new_tokens, cache_len=512, tree=tree, stop_ids=target.stop_ids,
+            max_new_tokens=max_new_tokens, cache_len=CACHE_LEN, tree=tree, stop_ids=target.stop_ids,
         )
         return out.tokens, out.rounds
 
     def generate_plain(tokens, lengths):
         out = plain.generate_ar_jit(
             target.params, target.cfg, tokens, lengths, jax.random.key(0),
-            max_new_tokens=max_new_tokens, cache_len=512, stop_ids=target.stop_ids,
+            max_new_tokens=max_new_tokens, cache_len=CACHE_LEN, stop_ids=target.stop_ids,
         )
         return out.tokens, out.num_tokens
 
@@ -105,7 +107,7 @@ def main() -> None:
         **ratios(total),
         "baseline": os.path.abspath(args.baseline),
         "config": {"model": MODEL, "tree": tree_args, "max_new_tokens": args.max_new_tokens, "reps": args.reps,
-                   "greedy": True, "cache_len": 512, "dtype": "float32"},
+                   "greedy": True, "cache_len": CACHE_LEN, "dtype": "float32"},
         "machine": describe_machine(),
     }
     write_text_atomic(args.out, json.dumps(result, indent=2) + "\n")
