@@ -57,8 +57,8 @@ def accept_sampling(rng: jax.Array, tree: DraftTree, logits: jax.Array, sampling
 
 def accept_row(rng, tokens, parents, depths, probs, tree_cfg: TreeConfig) -> Acceptance:
     """One row: tokens, parents, depths (T,), probs (T, V)."""
-    children = children_table(parents, tree_cfg.top_k)
-    max_depth, width = tree_cfg.effective_depth + 1, children.shape[1]
+    children = children_table(parents, tree_cfg.max_children)
+    max_depth, width = tree_cfg.max_path - 1, children.shape[1]
     rng_try, rng_bonus = jax.random.split(rng)
     uniforms = jax.random.uniform(rng_try, (max_depth, width))
 

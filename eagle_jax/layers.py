@@ -51,6 +51,10 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 # At most this many rows (decode steps, verify blocks, draft tree levels) take `dense`'s CPU path.
 FEW_ROWS = 64
+# On that path more than PAD_ABOVE rows are padded to a multiple of ROW_BLOCK: XLA:CPU multiplies
+# 6-7 or 9-15 rows more slowly than 8 or 16, and padded, one target step over 6-12 new tokens is
+# 1.18-1.24x faster (`scripts/bench_step_vs_checkout.py --new-tokens ...`, results/row_padding).
+ROW_BLOCK, PAD_ABOVE = 8, 5
 _few_row_form = contextvars.ContextVar("few_row_form", default=True)
 
 
@@ -71,14 +75,17 @@ def dense(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
     On CPU, for a few rows, the product is computed as w @ x^T and transposed back behind an
     optimization barrier. XLA:CPU otherwise folds the transpose into the product and runs the same
     matrix product about twice as slowly for 2-16 rows (`python scripts/bench_dense.py`); with the
-    barrier, verifying a block of 2 tokens costs what one decode step does. Many rows (prefill,
-    training) and other backends take the plain contraction.
+    barrier, verifying a block of 2 tokens costs what one decode step does. The rows are padded
+    to a multiple of ROW_BLOCK past PAD_ABOVE. Many rows (prefill, training) and other backends
+    take the plain contraction.
     """
     rows = math.prod(x.shape[:-1])
     if rows > FEW_ROWS or not _few_row_form.get() or jax.default_backend() != "cpu":
         return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=out_dtype)
-    product = jax.lax.dot_general(w, x.reshape(rows, x.shape[-1]), (((1,), (1,)), ((), ())), preferred_element_type=out_dtype)
-    return jax.lax.optimization_barrier(product).T.reshape(*x.shape[:-1], w.shape[0])
+    padded = rows if rows <= PAD_ABOVE else -(-rows // ROW_BLOCK) * ROW_BLOCK
+    flat = jnp.pad(x.reshape(rows, x.shape[-1]), ((0, padded - rows), (0, 0)))
+    product = jax.lax.dot_general(w, flat, (((1,), (1,)), ((), ())), preferred_element_type=out_dtype)  # (out, padded)
+    return jax.lax.optimization_barrier(product)[:, :rows].T.reshape(*x.shape[:-1], w.shape[0])
 
 
 def swiglu(x: jax.Array, p: dict) -> jax.Array:

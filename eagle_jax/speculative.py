@@ -1,8 +1,9 @@
 """Speculative generate: EAGLE draft tree + one target verification per round, in one compiled loop.
 
-Per round (batch B, K = top_k, D = depth, T = num_nodes):
-  1. draft: grow the dynamic tree from the root (the last emitted token) with the draft head;
-  2. verify: one target forward over the T tree tokens (prefix by length + ancestor mask);
+Per round (batch B, K = top_k, D = depth, T = num_nodes, L = lookup):
+  1. draft: grow the dynamic tree from the root (the last emitted token) with the draft head, and
+     with L > 0 add a chain of L tokens looked up in the context (`eagle_jax.lookup`);
+  2. verify: one target forward over the T + L tree tokens (prefix by length + ancestor mask);
   3. accept: greedy or lossless sampling; the bonus token is the target's own;
   4. commit: append the accepted path's KV to the target cache, run the draft over the accepted
      positions with the true target features (extending the draft's context cache), emit tokens.
@@ -23,9 +24,10 @@ from eagle_jax.draft.model import draft_forward, draft_layer, draft_readout, dra
 from eagle_jax.errors import EagleError
 from eagle_jax.generate_ar import PAD, check_prompt_fits, is_stop, last_valid, prefill
 from eagle_jax.kv_cache import KVCache
+from eagle_jax.lookup import lookup_proposals
 from eagle_jax.model import causal_mask, forward, lm_head, make_cache
 from eagle_jax.sampling import SamplingConfig, sample_tokens
-from eagle_jax.tree import DraftTree, TreeConfig, expand_tree
+from eagle_jax.tree import DraftTree, TreeConfig, add_lookup_chain, expand_tree
 
 
 class SpecOutput(NamedTuple):
@@ -120,10 +122,15 @@ def generate_spec(
         cache=cache, draft=draft, root=root, tokens=tokens, count=jnp.ones((b,), jnp.int32), done=done, rng=rng,
         rounds=jnp.zeros((b,), jnp.int32), histogram=jnp.zeros((b, path_len), jnp.int32),
     )
+    if tree.lookup:  # every token by position (prompt, then generated; the root last), room for a round past the cache
+        history = jnp.zeros((b, slack + path_len + 1), jnp.int32).at[:, :p].set(prompt_tokens)
+        state["history"] = history.at[jnp.arange(b), prompt_lengths].set(root)
 
     def round_(s):
         cache, draft, active = s["cache"], s["draft"], ~s["done"]
         t = draft_tree(dparams, dcfg, params, draft, s["root"], tree, attn_impl)
+        if tree.lookup:
+            t = add_lookup_chain(tree, t, lookup_proposals(s["history"], cache.lengths + 1, tree.lookup))
         verify = forward(
             params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture, attn_impl=attn_impl
         )
@@ -158,10 +165,13 @@ def generate_spec(
         done = s["done"] | jnp.any(stops & (idx < n_emit[:, None]), 1) | (count >= max_new_tokens)
         done = done | (new_cache.lengths >= cache_len)
         histogram = s["histogram"] + (active[:, None] & (idx == acc.num_accepted[:, None]))
-        return dict(
+        new = dict(
             cache=new_cache, draft=draft, root=jnp.where(active, last, s["root"]), tokens=tokens, count=count,
             done=done, rng=rng, rounds=s["rounds"] + active, histogram=histogram,
         )
+        if tree.lookup:  # emitted tokens follow the root; past n_emit they stay unknown (beyond the new root)
+            new["history"] = write(s["history"], window, cache.lengths + 1)
+        return new
 
     s = jax.lax.while_loop(lambda s: ~jnp.all(s["done"]), round_, state)
     return SpecOutput(s["tokens"][:, :max_new_tokens], s["count"], s["rounds"], s["histogram"])

@@ -6,6 +6,8 @@ top_k + depth * top_k**2 entries; the best num_nodes - 1 candidates, sorted by p
 parents precede children), become the tree below the root. Levels deeper than the node budget can
 reach are not drafted (`TreeConfig.effective_depth`). A chain is top_k = 1; a static tree
 uses rank-based scores instead of draft log-probs, so the same machinery always picks the same shape.
+With `lookup` > 0 the tree also holds one chain of that many tokens looked up in the context
+(`eagle_jax.lookup`), under the root after the drafted nodes.
 """
 
 from __future__ import annotations
@@ -24,16 +26,21 @@ SCORINGS = ("dynamic", "static")
 @dataclasses.dataclass(frozen=True)
 class TreeConfig:
     """top_k: children per expanded node and nodes expanded per level; depth: expansion passes after
-    the first (depth + 1 draft levels); num_nodes: tree size sent to the target, root included."""
+    the first (depth + 1 draft levels); num_nodes: drafted tree size, root included; lookup: tokens
+    looked up in the context, one chain under the root (0: none). The target verifies
+    num_nodes + lookup tokens (`size`)."""
 
     top_k: int = 4
     depth: int = 4
     num_nodes: int = 16
     scoring: str = "dynamic"
+    lookup: int = 0
 
     def __post_init__(self):
-        if self.top_k < 1 or self.depth < 0:
-            raise EagleError(f"tree needs top_k >= 1 and depth >= 0, got top_k={self.top_k}, depth={self.depth}")
+        if self.top_k < 1 or self.depth < 0 or self.lookup < 0:
+            raise EagleError(
+                f"tree needs top_k >= 1, depth >= 0 and lookup >= 0, got top_k={self.top_k}, depth={self.depth}, lookup={self.lookup}"
+            )
         if not 2 <= self.num_nodes <= 1 + self.pool_size:
             raise EagleError(
                 f"num_nodes={self.num_nodes} does not fit the tree: expected 2 <= num_nodes <= "
@@ -62,7 +69,17 @@ class TreeConfig:
     @property
     def max_path(self) -> int:
         """Nodes on the longest root-to-leaf path, root included."""
-        return self.effective_depth + 2
+        return max(self.effective_depth + 2, self.lookup + 1)
+
+    @property
+    def size(self) -> int:
+        """Tokens the target verifies per round: the drafted nodes, then the looked-up chain."""
+        return self.num_nodes + self.lookup
+
+    @property
+    def max_children(self) -> int:
+        """The most children of one node: the root's top_k drafted ones and the chain's first."""
+        return self.top_k + (self.lookup > 0)
 
 
 class DraftTree(NamedTuple):
@@ -151,6 +168,24 @@ def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_p
         ancestors = eye | jax.vmap(lambda a, p: a[p])(ancestors, parents)
     depths = jnp.sum(ancestors, axis=-1).astype(jnp.int32) - 1
     return DraftTree(tokens.astype(jnp.int32), parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))
+
+
+def add_lookup_chain(tree: TreeConfig, drafted: DraftTree, proposals: jax.Array) -> DraftTree:
+    """The drafted tree (B, T) with the looked-up tokens (B, L) appended as a chain under the root:
+    node T + i is at depth i + 1, its parent node T + i - 1 (the root for i = 0)."""
+    b, t = drafted.tokens.shape
+    length = proposals.shape[1]
+    chain = jnp.arange(length, dtype=jnp.int32)
+    parents = jnp.concatenate([drafted.parents, jnp.broadcast_to(jnp.where(chain == 0, 0, t + chain - 1), (b, length))], axis=1)
+    chain_rows = jnp.concatenate(  # (L, T + L): the root, the chain nodes up to and including itself
+        [jnp.zeros((length, t), bool).at[:, 0].set(True), chain[None, :] <= chain[:, None]], axis=1
+    )
+    ancestors = jnp.concatenate(
+        [jnp.pad(drafted.ancestor_mask, ((0, 0), (0, 0), (0, length))), jnp.broadcast_to(chain_rows, (b, length, t + length))], axis=1
+    )
+    depths = jnp.concatenate([drafted.depths, jnp.broadcast_to(chain + 1, (b, length))], axis=1)
+    tokens = jnp.concatenate([drafted.tokens, proposals.astype(jnp.int32)], axis=1)
+    return DraftTree(tokens, parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))
 
 
 def node_paths(ancestors: jax.Array, depths: jax.Array, max_path: int) -> jax.Array:

@@ -9,8 +9,8 @@ tree sweeps with auto-tuning, batch-size throughput and plots. Writes OUT.json a
   per_prompt   [{question_id, category, prompt_tokens, answers, <numbers>}]
   per_category {category: <numbers>}
   per_variant  {variant: <numbers>}                      (--variants; else {})
-  sweep        [{top_k, depth, num_nodes, <numbers>}]     (--sweep / --auto-tune; else [])
-  batch        [{batch, top_k, depth, num_nodes, sequences, ar_tokens_per_s, spec_tokens_per_s,
+  sweep        [{top_k, depth, num_nodes, lookup, <numbers>}]   (--sweep / --auto-tune; else [])
+  batch        [{batch, top_k, depth, num_nodes, lookup, sequences, ar_tokens_per_s, spec_tokens_per_s,
                  speedup, tau, ar_new_tokens, spec_new_tokens}]   (--batch-sizes; else [])
   auto_tune    {tree, tree_file, batch_policy_file} or null
 <numbers> = bench_report.summarize(): num_prompts, num_turns, tau, spec_tokens_per_s,
@@ -40,7 +40,9 @@ from eagle_jax.infer.bench_policy import (
     sweep_trees,
     save_batch_policy,
     save_tuned_tree,
+    tree_fields,
     tree_for_batch,
+    tree_from_fields,
 )
 from eagle_jax.infer.bench_report import (
     batch_row,
@@ -49,7 +51,6 @@ from eagle_jax.infer.bench_report import (
     per_category,
     per_prompt,
     summarize,
-    tree_fields,
 )
 from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.prompts import (
@@ -80,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-context-tokens", type=int, default=2000,
                    help="about this many unrelated tokens precede the first turn in the long_context variant")
     p.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2",
-                   help="measure each tree setting: top_k=, depth= or num_nodes= values; repeat the flag for a grid")
+                   help="measure each tree setting: top_k=, depth=, num_nodes= or lookup= values; repeat the flag for a grid")
     p.add_argument("--auto-tune", action="store_true",
                    help="save the fastest tree of the sweep (default num_nodes=8,16,32,64) as DRAFT/tree.json, "
                         "and with --batch-sizes the measured table as DRAFT/batch_policy.json")
@@ -166,7 +167,7 @@ def sweep_row(engine: Engine, base: TreeConfig, main: list[PromptRecord], prompt
 
 
 def tree_label(tree: TreeConfig) -> str:
-    return f"k{tree.top_k} d{tree.depth} n{tree.num_nodes}"
+    return f"k{tree.top_k} d{tree.depth} n{tree.num_nodes}" + (f" l{tree.lookup}" if tree.lookup else "")
 
 
 def measure_batch_table(
@@ -221,7 +222,7 @@ def measured_on(engine: Engine, args, machine: dict, num_prompts: int) -> dict:
 def auto_tune(draft_dir: str, sweep: list[dict], batch: list[dict], measured: dict) -> dict:
     """Save the sweep's fastest tree (speculative tokens/s at batch 1) and the batch table with the head."""
     best = max(sweep, key=lambda r: r["spec_tokens_per_s"])
-    tree = TreeConfig(top_k=best["top_k"], depth=best["depth"], num_nodes=best["num_nodes"])
+    tree = tree_from_fields(best)
     numbers = {k: best[k] for k in ("tau", "spec_tokens_per_s", "ar_tokens_per_s", "speedup")}
     return {
         "tree": tree_fields(tree),

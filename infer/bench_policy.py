@@ -1,7 +1,7 @@
 """Tree settings measured by the benchmark and saved with a draft head.
 
-- `--sweep AXIS=V1,V2` (repeatable, a grid over top_k, depth, num_nodes) -> the trees to measure.
-- `--auto-tune` writes DRAFT/tree.json `{top_k, depth, num_nodes, measured_on}`: the tree with the
+- `--sweep AXIS=V1,V2` (repeatable, a grid over top_k, depth, num_nodes, lookup) -> the trees to measure.
+- `--auto-tune` writes DRAFT/tree.json `{top_k, depth, num_nodes, lookup, measured_on}`: the tree with the
   highest speculative tokens/s at batch 1 on this machine; `load_tuned_tree` reads it back.
 - With `--batch-sizes`, it also writes DRAFT/batch_policy.json `{measured_on, table}`: the measured
   throughput of plain and speculative decoding per batch size and tree; `tree_for_batch` turns the
@@ -19,25 +19,36 @@ from eagle_jax.errors import EagleError
 from eagle_jax.atomic import write_json_atomic
 from eagle_jax.tree import TreeConfig
 
-SWEEP_AXES = ("top_k", "depth", "num_nodes")
+SWEEP_AXES = ("top_k", "depth", "num_nodes", "lookup")
 AUTO_TUNE_NUM_NODES = (8, 16, 32, 64)  # default --auto-tune budgets, at the given top_k and depth
 TREE_FILE = "tree.json"
 POLICY_FILE = "batch_policy.json"
 
 
-def parse_int_list(text: str, flag: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]; every value >= 1."""
+def tree_fields(tree: TreeConfig) -> dict:
+    """The measured and saved fields of a tree (SWEEP_AXES)."""
+    return {axis: getattr(tree, axis) for axis in SWEEP_AXES}
+
+
+def tree_from_fields(fields: dict, base: TreeConfig = TreeConfig()) -> TreeConfig:
+    """`base` with the SWEEP_AXES values of a saved or measured row; lookup may be absent (saved
+    before it existed: none)."""
+    return dataclasses.replace(base, **{axis: int(fields.get(axis, 0) if axis == "lookup" else fields[axis]) for axis in SWEEP_AXES})
+
+
+def parse_int_list(text: str, flag: str, minimum: int = 1) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; every value >= minimum."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise EagleError(f"{flag} expects a comma list of integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise EagleError(f"{flag} expects positive integers, got {text!r}")
+    if not values or min(values) < minimum:
+        raise EagleError(f"{flag} expects integers >= {minimum}, got {text!r}")
     return values
 
 
 def parse_sweep(specs: list[str]) -> dict[str, list[int]]:
-    """`--sweep AXIS=V1,V2,...` flags -> {axis: values}, axes among top_k, depth, num_nodes."""
+    """`--sweep AXIS=V1,V2,...` flags -> {axis: values}, axes among SWEEP_AXES (lookup may be 0)."""
     axes: dict[str, list[int]] = {}
     for spec in specs:
         name, sep, values = spec.partition("=")
@@ -45,7 +56,7 @@ def parse_sweep(specs: list[str]) -> dict[str, list[int]]:
             raise EagleError(f"--sweep expects AXIS=V1,V2,... with AXIS one of {', '.join(SWEEP_AXES)}, got {spec!r}")
         if name in axes:
             raise EagleError(f"--sweep gives {name} twice")
-        axes[name] = parse_int_list(values, f"--sweep {name}")
+        axes[name] = parse_int_list(values, f"--sweep {name}", minimum=0 if name == "lookup" else 1)
     return axes
 
 
@@ -78,7 +89,7 @@ def draft_directory(draft: str | None) -> str:
 def save_tuned_tree(draft_dir: str, tree: TreeConfig, measured_on: dict) -> str:
     """Write DRAFT/tree.json atomically; returns its path."""
     path = os.path.join(draft_dir, TREE_FILE)
-    write_json_atomic(path, {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes, "measured_on": measured_on})
+    write_json_atomic(path, tree_fields(tree) | {"measured_on": measured_on})
     return path
 
 
@@ -105,9 +116,9 @@ def load_tuned_tree(draft_dir: str, device_kind: str | None = None) -> TreeConfi
     if device_kind is not None and data.get("measured_on", {}).get("device_kind") != device_kind:
         return None
     try:
-        return TreeConfig(top_k=int(data["top_k"]), depth=int(data["depth"]), num_nodes=int(data["num_nodes"]))
+        return tree_from_fields(data)
     except (KeyError, TypeError, ValueError) as e:
-        raise EagleError(f"{path}: expected integer top_k, depth and num_nodes ({e})") from None
+        raise EagleError(f"{path}: expected integer top_k, depth, num_nodes and lookup ({e})") from None
 
 
 def save_batch_policy(draft_dir: str, table: list[dict], measured_on: dict) -> str:
@@ -131,7 +142,7 @@ def load_batch_policy(draft_dir: str) -> list[dict] | None:
 def tree_for_batch(tree: TreeConfig, batch: int, table: list[dict]) -> TreeConfig | None:
     """The tree to decode `batch` rows with, from a measured table; None = speculation off.
 
-    table rows: {batch, top_k, depth, num_nodes, ar_tokens_per_s, spec_tokens_per_s} (OUT.json["batch"]).
+    table rows: {batch, top_k, depth, num_nodes, lookup, ar_tokens_per_s, spec_tokens_per_s} (OUT.json["batch"]).
     The decision is taken at the smallest measured batch size >= `batch` (the largest measured one
     beyond the table): speculation pays less as the batch grows, so rounding up errs toward plain
     decoding. There, the tree with the highest speculative tokens/s wins if it beats plain decoding,
@@ -148,4 +159,4 @@ def tree_for_batch(tree: TreeConfig, batch: int, table: list[dict]) -> TreeConfi
     best = max((r for r in rows if r["batch"] == size), key=lambda r: r["spec_tokens_per_s"])
     if best["spec_tokens_per_s"] <= best["ar_tokens_per_s"]:
         return None
-    return dataclasses.replace(tree, top_k=best["top_k"], depth=best["depth"], num_nodes=best["num_nodes"])
+    return tree_from_fields(best, tree)

@@ -17,6 +17,7 @@ import platform
 import jax
 
 from eagle_jax.infer.bench_measure import PromptRecord, merge
+from eagle_jax.infer.bench_policy import SWEEP_AXES, tree_fields
 from eagle_jax.infer.engine import RunResult
 from eagle_jax.tree import TreeConfig
 
@@ -91,16 +92,12 @@ def per_category(records: list[PromptRecord]) -> dict[str, dict]:
     return {c: summarize([rec for rec in records if rec.prompt.category == c]) for c in categories}
 
 
-def tree_fields(tree: TreeConfig) -> dict:
-    return {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes}
-
-
 def batch_row(batch: int, sequences: int, plain: RunResult, spec: RunResult | None, tree: TreeConfig | None) -> dict:
     """Throughput of `sequences` prompts decoded `batch` at a time, plain and (with a tree) speculative."""
     spec_tps, ar_tps = tokens_per_s(spec), tokens_per_s(plain)
     return {
         "batch": batch,
-        **(tree_fields(tree) if tree else {"top_k": None, "depth": None, "num_nodes": None}),
+        **(tree_fields(tree) if tree else dict.fromkeys(SWEEP_AXES)),
         "sequences": sequences,
         "ar_tokens_per_s": ar_tps,
         "spec_tokens_per_s": spec_tps,
@@ -162,11 +159,11 @@ def format_report(report: dict) -> str:
         parts.append(format_table(["variant"] + SUMMARY_COLUMNS + ["prompt tokens"],
                                   [[v] + _summary_cells(s) + [s["mean_prompt_tokens"]] for v, s in report["per_variant"].items()]))
     if report["sweep"]:
-        columns = ["top_k", "depth", "num_nodes", "tau", "spec_tokens_per_s", "speedup", "identical_to_ar"]
-        parts.append(format_table(["top_k", "depth", "num_nodes", "tau", "spec tok/s", "speedup", "identical"],
+        columns = [*SWEEP_AXES, "tau", "spec_tokens_per_s", "speedup", "identical_to_ar"]
+        parts.append(format_table([*SWEEP_AXES, "tau", "spec tok/s", "speedup", "identical"],
                                   [[r[c] for c in columns] for r in report["sweep"]]))
     if report["batch"]:
-        columns = ["batch", "top_k", "depth", "num_nodes", "ar_tokens_per_s", "spec_tokens_per_s", "speedup", "tau"]
-        parts.append(format_table(["batch", "top_k", "depth", "num_nodes", "plain tok/s", "spec tok/s", "speedup", "tau"],
+        columns = ["batch", *SWEEP_AXES, "ar_tokens_per_s", "spec_tokens_per_s", "speedup", "tau"]
+        parts.append(format_table(["batch", *SWEEP_AXES, "plain tok/s", "spec tok/s", "speedup", "tau"],
                                   [[r[c] for c in columns] for r in report["batch"]]))
     return "\n\n".join(parts)

@@ -20,6 +20,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -39,7 +46,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k-sampling", type=int, default=0, help="target-side top-k sampling (0 = off)")
     p.add_argument("--top-k", type=positive_int, default=None, help="draft tree: children per expanded node")
     p.add_argument("--depth", type=int, default=None, help="draft tree: expansion passes after the first")
-    p.add_argument("--num-nodes", type=positive_int, default=None, help="draft tree: nodes verified per round, root included")
+    p.add_argument("--num-nodes", type=positive_int, default=None, help="draft tree: drafted nodes verified per round, root included")
+    p.add_argument("--lookup", type=non_negative_int, default=None,
+                   help="draft tree: also verify this many tokens looked up in the context (the continuation of the "
+                        "latest earlier occurrence of the last 1-3 tokens), one chain under the root; 0 = none")
     p.add_argument("--cache-len", type=positive_int, default=None, help="KV cache slots (default: fits prompt + max new tokens)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--attention", choices=("auto", "xla", "pallas", "pallas_interpret"), default="auto")
@@ -68,12 +78,13 @@ def build_engine(args):
             raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
         draft = load_draft(draft_dir, target.cfg, dtype=dtype)
     tree = TreeConfig()
-    if draft is not None and args.top_k is None and args.depth is None and args.num_nodes is None:
+    if draft is not None and args.top_k is None and args.depth is None and args.num_nodes is None and args.lookup is None:
         tree = load_tuned_tree(draft_dir, device_kind=jax.devices()[0].device_kind) or tree
     tree = TreeConfig(
         top_k=args.top_k or tree.top_k,
         depth=tree.depth if args.depth is None else args.depth,
         num_nodes=args.num_nodes or tree.num_nodes,
+        lookup=tree.lookup if args.lookup is None else args.lookup,
     )
     policy = load_batch_policy(draft_dir) if draft is not None else None
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)

@@ -49,20 +49,21 @@ def plot_acceptance(report: dict, path: str) -> str:
 
 
 def plot_sweep(report: dict, path: str) -> str:
-    """Speculative tokens/s (and tau) against the node budget, one line per (top_k, depth)."""
+    """Speculative tokens/s (and tau) against the node budget, one line per (top_k, depth, lookup)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     ax_tau = ax.twinx()
-    shapes = dict.fromkeys((r["top_k"], r["depth"]) for r in report["sweep"])
-    for top_k, depth in shapes:
-        rows = sorted((r for r in report["sweep"] if (r["top_k"], r["depth"]) == (top_k, depth)), key=lambda r: r["num_nodes"])
+    shape = lambda r: (r["top_k"], r["depth"], r.get("lookup", 0))  # noqa: E731
+    for top_k, depth, lookup in dict.fromkeys(map(shape, report["sweep"])):
+        rows = sorted((r for r in report["sweep"] if shape(r) == (top_k, depth, lookup)), key=lambda r: r["num_nodes"])
         nodes = [r["num_nodes"] for r in rows]
-        line = ax.plot(nodes, [_value(r["spec_tokens_per_s"]) for r in rows], marker="o", label=f"top_k={top_k}, depth={depth}")[0]
+        label = f"top_k={top_k}, depth={depth}" + (f", lookup={lookup}" if lookup else "")
+        line = ax.plot(nodes, [_value(r["spec_tokens_per_s"]) for r in rows], marker="o", label=label)[0]
         ax_tau.plot(nodes, [_value(r["tau"]) for r in rows], marker="x", linestyle=":", color=line.get_color())
     ar = report["summary"]["ar_tokens_per_s"]
     if ar is not None:
         ax.axhline(ar, color="gray", linewidth=0.8, linestyle="--", label="plain decoding")
     ax.set_xticks(sorted({r["num_nodes"] for r in report["sweep"]}))
-    ax.set_xlabel("tree budget (num_nodes)")
+    ax.set_xlabel("drafted tree budget (num_nodes)")
     ax.set_ylabel("speculative tokens/s (solid)")
     ax_tau.set_ylabel("tau (dotted)")
     ax.legend(fontsize=8)
@@ -75,11 +76,12 @@ def plot_batch(report: dict, path: str) -> str:
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     plain = sorted({(r["batch"], r["ar_tokens_per_s"]) for r in rows})
     ax.plot([b for b, _ in plain], [t for _, t in plain], marker="o", color="black", label="plain")
-    trees = dict.fromkeys((r["top_k"], r["depth"], r["num_nodes"]) for r in rows if r["spec_tokens_per_s"] is not None)
+    shape = lambda r: (r["top_k"], r["depth"], r["num_nodes"], r.get("lookup", 0))  # noqa: E731
+    trees = dict.fromkeys(shape(r) for r in rows if r["spec_tokens_per_s"] is not None)
     for tree in trees:
-        mine = sorted((r for r in rows if (r["top_k"], r["depth"], r["num_nodes"]) == tree), key=lambda r: r["batch"])
+        mine = sorted((r for r in rows if shape(r) == tree), key=lambda r: r["batch"])
         ax.plot([r["batch"] for r in mine], [r["spec_tokens_per_s"] for r in mine], marker="o",
-                label="speculative k={} d={} n={}".format(*tree))
+                label="speculative k={} d={} n={} l={}".format(*tree))
     ax.set_xscale("log", base=2)
     ax.set_xticks([b for b, _ in plain], [str(b) for b, _ in plain])
     ax.minorticks_off()

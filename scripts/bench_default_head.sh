@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The default head's figures in README.md. First the tree budget is tuned on 8 ShareGPT questions
 # used nowhere else (data/sharegpt_tune.jsonl, from `scripts/sharegpt_slice.py --start 12000 --count 8
-# --min-chars 40 --format bench`) over top_k x depth x num_nodes and saved with the head (tree.json); then, with that
+# --min-chars 40 --format bench`) over top_k x depth x num_nodes x lookup (tokens looked up in the context) and saved
+# with the head (tree.json); then, with that
 # tree: greedy on a Spec-Bench subset (the first 2 prompts of each of the 5 categories), greedy on
 # 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, taken far past the training slice), and
 # temperature 1 on the first Spec-Bench prompt of each category.
@@ -11,7 +12,7 @@ out=${1:-results/default_head}
 head=eagle_jax/heads/smollm2-135m-instruct
 mkdir -p "$out"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" \
-  --top-k 4 --depth 4 --sweep top_k=2,4 --sweep depth=2,3 --sweep num_nodes=4,6,8 --auto-tune --out "$out/tune.json"
+  --top-k 2 --depth 2 --num-nodes 4 --sweep depth=1,2 --sweep num_nodes=3,4 --sweep lookup=0,3,5 --auto-tune --out "$out/tune.json"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 2 --max-new-tokens 96 \
   --out "$out/spec_bench.json" --plots "$out/plots_spec_bench"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_dev.jsonl --limit 10 --max-new-tokens 96 \

@@ -5,8 +5,9 @@
 Each piece is jitted on its own and timed interleaved with the others (median of --reps calls),
 with a 520-slot cache holding 300 tokens, batch 1, float32:
   * the plain decode step (forward of 1 token, cache write, logits, argmax): the baseline's unit;
-  * per tree: the draft tree, the verify forward of its tokens with their logits, greedy
-    acceptance, and the commit (target cache + the draft's pass over the accepted tokens);
+  * per tree: the draft tree (with the looked-up chain, if the tree has one), the verify forward of
+    its tokens with their logits, greedy acceptance, and the commit (target cache + the draft's pass
+    over the accepted tokens);
   * the verify step alone (forward + logits) over T = --verify-tokens new tokens.
 Pieces timed apart cost more than inside the compiled loop (no buffer reuse across them): read
 them as shares of a round, not as its total. The whole round: `eagle-jax bench`.
@@ -30,11 +31,12 @@ from eagle_jax.errors import EagleError
 from eagle_jax.infer.bench_policy import load_tuned_tree
 from eagle_jax.infer.bench_report import describe_machine
 from eagle_jax.kv_cache import KVCache
+from eagle_jax.lookup import lookup_proposals
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
 from eagle_jax.model import forward, lm_head, make_cache
 from eagle_jax.speculative import DraftState, draft_tree, run_draft_context
-from eagle_jax.tree import TreeConfig
+from eagle_jax.tree import TreeConfig, add_lookup_chain
 
 CACHE_SLOTS, CACHE_FILLED = 520, 300
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +49,11 @@ def filled(cache: KVCache) -> KVCache:
 
 def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root, reps: int) -> dict:
     capture = dcfg.feature_layers
+    history = jnp.arange(CACHE_SLOTS + tree.max_path + 1, dtype=jnp.int32)[None] % 50  # a repeating text
+
+    def draft(dparams, params, state, root):
+        t = draft_tree(dparams, dcfg, params, state, root, tree, "auto")
+        return add_lookup_chain(tree, t, lookup_proposals(history, cache.lengths + 1, tree.lookup)) if tree.lookup else t
 
     def verify(params, cache, t):
         out = forward(params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture)
@@ -63,7 +70,7 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
         return cache.commit_path(out.k_new, out.v_new, gather, n_emit), draft
 
     fns = {
-        "draft_tree": jax.jit(lambda dp, p, s, r: draft_tree(dp, dcfg, p, s, r, tree, "auto")),
+        "draft_tree": jax.jit(draft),
         "verify_with_logits": jax.jit(verify),
         "accept_greedy": jax.jit(accept_greedy),
         "commit_and_draft_context": jax.jit(commit),
@@ -81,17 +88,19 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
 
 
 def parse_tree(parser: argparse.ArgumentParser, spec: str) -> TreeConfig:
-    """TreeConfig from "top_k/depth/num_nodes"; a bad spec ends with the parser's one-line error."""
+    """TreeConfig from "top_k/depth/num_nodes[/lookup]"; a bad spec ends with the parser's one-line error."""
     try:
-        top_k, depth, num_nodes = (int(n) for n in spec.split("/"))
-        return TreeConfig(top_k, depth, num_nodes)
+        fields = [int(n) for n in spec.split("/")]
+        if len(fields) not in (3, 4):
+            raise ValueError(f"{len(fields)} numbers")
+        return TreeConfig(*fields[:3], lookup=fields[3] if len(fields) == 4 else 0)
     except (ValueError, EagleError) as e:
-        parser.error(f"--trees {spec!r}: expected top_k/depth/num_nodes, e.g. 2/2/4 ({e})")
+        parser.error(f"--trees {spec!r}: expected top_k/depth/num_nodes[/lookup], e.g. 2/2/4 or 2/1/3/5 ({e})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trees", default="", help="top_k/depth/num_nodes,... (default: the shipped head's tuned tree and 4/4/16)")
+    parser.add_argument("--trees", default="", help="top_k/depth/num_nodes[/lookup],... (default: the shipped head's tuned tree and 4/4/16)")
     parser.add_argument("--verify-tokens", default="1,2,4,6,8,10,12,16", help="T values for the verify-step scan")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--out", required=True)
@@ -123,7 +132,7 @@ def main() -> None:
     print(f"plain decode step: {plain} ms", flush=True)
     pieces = {}
     for tree in trees:
-        name = f"{tree.top_k}/{tree.depth}/{tree.num_nodes}"
+        name = f"{tree.top_k}/{tree.depth}/{tree.num_nodes}" + (f"/{tree.lookup}" if tree.lookup else "")
         pieces[name] = tree_pieces(tree, cfg, params, dcfg, dparams, cache, state, root, args.reps)
         print(f"tree {name}: {pieces[name]} ms", flush=True)
     counts = [int(t) for t in args.verify_tokens.split(",")]

@@ -27,11 +27,12 @@ def test_sweep_is_a_grid_over_the_base_tree():
     trees = sweep_trees(parse_sweep(["num_nodes=8,16", "depth=2,3"]), BASE)
     assert [(t.top_k, t.depth, t.num_nodes) for t in trees] == [(4, 2, 8), (4, 3, 8), (4, 2, 16), (4, 3, 16)]
     assert sweep_trees(parse_sweep(["top_k=2,2"]), BASE) == [TreeConfig(2, 4, 16)]
+    assert [t.lookup for t in sweep_trees(parse_sweep(["lookup=0,6"]), BASE)] == [0, 6]  # lookup may be 0
 
 
 @pytest.mark.parametrize("spec, words", [
     (["width=4"], "AXIS"), (["num_nodes"], "AXIS"), (["num_nodes=8,x"], "integers"),
-    (["num_nodes=0"], "positive"), (["top_k=1"], "not a valid tree"), (["depth=2", "depth=3"], "twice"),
+    (["num_nodes=0"], ">= 1"), (["lookup=-1"], ">= 0"), (["top_k=1"], "not a valid tree"), (["depth=2", "depth=3"], "twice"),
 ])
 def test_bad_sweeps(spec, words):
     assert words in one_line_error(lambda: sweep_trees(parse_sweep(spec), BASE))
@@ -50,10 +51,15 @@ def test_parse_int_list():
 def test_tuned_tree_round_trip(tmp_path):
     assert load_tuned_tree(str(tmp_path)) is None
     path = save_tuned_tree(str(tmp_path), TreeConfig(3, 5, 24), {"device_kind": "cpu"})
-    assert json.load(open(path)) == {"top_k": 3, "depth": 5, "num_nodes": 24, "measured_on": {"device_kind": "cpu"}}
+    assert json.load(open(path)) == {"top_k": 3, "depth": 5, "num_nodes": 24, "lookup": 0, "measured_on": {"device_kind": "cpu"}}
     assert load_tuned_tree(str(tmp_path)) == TreeConfig(3, 5, 24)
     assert load_tuned_tree(str(tmp_path), device_kind="cpu") == TreeConfig(3, 5, 24)
     assert load_tuned_tree(str(tmp_path), device_kind="NVIDIA H200") is None
+    save_tuned_tree(str(tmp_path), TreeConfig(2, 1, 3, lookup=6), {"device_kind": "cpu"})
+    assert load_tuned_tree(str(tmp_path)) == TreeConfig(2, 1, 3, lookup=6)
+    with open(path, "w") as f:  # saved before lookup existed: none
+        json.dump({"top_k": 3, "depth": 5, "num_nodes": 24}, f)
+    assert load_tuned_tree(str(tmp_path)) == TreeConfig(3, 5, 24)
     with open(path, "w") as f:
         f.write('{"top_k": 3}')
     assert "tree.json" in one_line_error(load_tuned_tree, str(tmp_path))

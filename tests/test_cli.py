@@ -94,14 +94,14 @@ def test_speculative_generate_with_a_head_directory_matches_plain(tmp_path, smol
     export_draft(str(tmp_path / "head"), dcfg, init_draft_params(jax.random.key(0), dcfg))
     common = ["generate", "--json", "--max-new-tokens", "16", "--prompt", "Name a fruit."]
     reports = {}
-    for mode in (["--no-spec"], ["--draft", str(tmp_path / "head"), "--top-k", "3", "--depth", "2", "--num-nodes", "8", "--no-estimate"]):
+    for mode in (["--no-spec"], ["--draft", str(tmp_path / "head"), "--top-k", "3", "--depth", "2", "--num-nodes", "8", "--lookup", "3", "--no-estimate"]):
         done = subprocess.run([sys.executable, "-m", "eagle_jax.infer", *common, *mode], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
         reports[mode[0]] = json.loads(done.stdout)
     spec = reports["--draft"]
     assert spec["text"] == reports["--no-spec"]["text"]
     assert spec["rounds"] >= 1 and spec["tau"] >= 1.0
-    assert spec["tree"] == {"top_k": 3, "depth": 2, "num_nodes": 8, "scoring": "dynamic"}
+    assert spec["tree"] == {"top_k": 3, "depth": 2, "num_nodes": 8, "scoring": "dynamic", "lookup": 3}
 
 
 @pytest.mark.slow

@@ -50,6 +50,8 @@ def run_both(dcfg, dparams, tree, prompts=PROMPTS, params=PARAMS, cfg=CFG, **kw)
         ("eagle3-norm_output", TreeConfig(2, 4, 12)),
         ("eagle3", TreeConfig.chain(4)),
         ("eagle1", TreeConfig(2, 2, 6, "static")),
+        ("eagle3", TreeConfig(3, 2, 8, lookup=5)),
+        ("eagle3-norm_output", TreeConfig(2, 1, 3, lookup=2)),
     ],
 )
 def test_greedy_speculative_equals_greedy_plain(head_name, tree):
@@ -102,11 +104,25 @@ def test_perfect_draft_accepts_full_depth_and_stops_inside_a_path():
     assert spec.num_tokens[0] == slot + 1
 
 
-def test_cache_that_fills_up_stops_like_plain_decoding():
-    ar, spec = run_both(*head("eagle3"), TreeConfig(3, 3, 12), max_new_tokens=60, cache_len=32)
+def test_lookup_chain_is_accepted_past_the_drafted_depth_on_repeating_text():
+    """The bigram target counts x -> x + 1 (mod 16): once a prompt holds the cycle, every looked-up
+    token is right, while a random head's drafted nodes rarely are."""
+    cfg, params, dcfg, _ = bigram_target_and_perfect_eagle1()
+    dparams = init_draft_params(jax.random.key(9), dcfg, scale=0.3)
+    tree = TreeConfig(2, 1, 3, lookup=6)  # drafted paths hold at most 2 tokens, the chain 6
+    prompts = pad_prompts([list(range(16)) + [0, 1], list(range(5, 16)) + list(range(16))], multiple=8)
+    ar, spec = run_both(dcfg, dparams, tree, prompts=prompts, params=params, cfg=cfg, max_new_tokens=36, cache_len=96)
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
-    lengths = np.asarray(PROMPTS[1])
-    np.testing.assert_array_equal(spec.num_tokens, 1 + 32 - lengths)
+    assert (spec.accept_histogram[:, 6] == spec.rounds).all()  # every round accepts the whole chain
+    assert (spec.rounds == (36 - 1) // 7).all()  # the first token comes from the prefill, then 7 a round
+
+
+def test_cache_that_fills_up_stops_like_plain_decoding():
+    for tree in (TreeConfig(3, 3, 12), TreeConfig(2, 1, 4, lookup=7)):
+        ar, spec = run_both(*head("eagle3"), tree, max_new_tokens=60, cache_len=32)
+        np.testing.assert_array_equal(spec.tokens, ar.tokens)
+        lengths = np.asarray(PROMPTS[1])
+        np.testing.assert_array_equal(spec.num_tokens, 1 + 32 - lengths)
 
 
 def test_compiled_generate_is_one_loop_without_host_callbacks():
@@ -187,8 +203,15 @@ def chi_square_p(counts, probs, min_expected=5.0):
     return float(jax.scipy.special.gammaincc(dof / 2, stat / 2))
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9)])
-def test_speculative_sampling_follows_the_target_distribution(sampling):
+@pytest.mark.parametrize(
+    "sampling, tree",
+    [
+        (SamplingConfig(temperature=1.0), TreeConfig(3, 1, 7)),
+        (SamplingConfig(temperature=0.7, top_p=0.9), TreeConfig(3, 1, 7)),
+        (SamplingConfig(temperature=1.0), TreeConfig(2, 1, 4, lookup=2)),  # looked-up siblings and a deeper chain
+    ],
+)
+def test_speculative_sampling_follows_the_target_distribution(sampling, tree):
     n_tokens, samples = 3, 24_000
     cfg = tiny_config(vocab_size=6)
     params = init_params(jax.random.key(5), cfg, scale=0.4)
@@ -199,7 +222,7 @@ def test_speculative_sampling_follows_the_target_distribution(sampling):
     lengths = jnp.full((samples,), 3, jnp.int32)
     out = generate_spec_jit(
         params, cfg, dparams, dcfg, tokens, lengths, jax.random.key(11),
-        max_new_tokens=n_tokens, cache_len=16, tree=TreeConfig(3, 1, 7), sampling=sampling,
+        max_new_tokens=n_tokens, cache_len=16, tree=tree, sampling=sampling,
     )
     assert np.asarray(out.accept_histogram)[:, 1:].sum() > samples // 4  # drafts were accepted often
     seqs = np.asarray(out.tokens)

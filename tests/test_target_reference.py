@@ -83,10 +83,11 @@ def test_gguf_tokenizer_and_chat_template_match_transformers(smollm2_target):
         assert rendered == conv["rendered"], name
 
 
-@pytest.mark.parametrize("rows", [1, 5, FEW_ROWS, FEW_ROWS + 1, 300])
+@pytest.mark.parametrize("rows", [1, 5, 7, 12, FEW_ROWS - 1, FEW_ROWS, FEW_ROWS + 1, 300])
 def test_dense_matches_numpy_on_both_paths(rows):
-    """`dense` takes a CPU-specific form up to FEW_ROWS rows and the plain contraction above: both,
-    their gradients (training goes through both) and their vmap (TTT steps) must be x @ w.T."""
+    """`dense` takes a CPU-specific form up to FEW_ROWS rows (padded to whole ROW_BLOCKs past
+    PAD_ABOVE rows) and the plain contraction above: both, their gradients (training goes through
+    both) and their vmap (TTT steps) must be x @ w.T."""
     rng = np.random.default_rng(rows)
     x, w = rng.normal(size=(1, rows, 24)).astype(np.float32), rng.normal(size=(40, 24)).astype(np.float32)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)

@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from eagle_jax.accept import accept_greedy, children_table
 from eagle_jax.errors import EagleError
-from eagle_jax.tree import TreeConfig, expand_tree, grow_pool, select_nodes
+from eagle_jax.lookup import lookup_proposals
+from eagle_jax.tree import TreeConfig, add_lookup_chain, expand_tree, grow_pool, select_nodes
 
 VOCAB = 12
 
@@ -39,22 +40,27 @@ trees = st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(2, 40), st.s
 
 
 @settings(max_examples=25, deadline=None)
-@given(tree_args=trees, seed=st.integers(0, 2**16))
-def test_tree_structure_invariants(tree_args, seed):
-    k, depth, nodes, scoring = tree_args
-    tree = TreeConfig(k, depth, nodes, scoring)
+@given(tree_args=trees, lookup=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_tree_structure_invariants(tree_args, lookup, seed):
+    k, depth, drafted, scoring = tree_args
+    tree = TreeConfig(k, depth, drafted, scoring, lookup=lookup)
     rng = np.random.default_rng(seed)
     table = jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * 3, jnp.float32)
     roots = jnp.asarray(rng.integers(0, VOCAB, size=3), jnp.int32)
-    t = jax.tree.map(np.asarray, build(tree, table, roots))
-    assert t.tokens.shape == (3, nodes) and t.ancestor_mask.shape == (3, nodes, nodes)
+    t = build(tree, table, roots)
+    chain = rng.integers(0, VOCAB, size=(3, lookup))
+    if lookup:
+        t = add_lookup_chain(tree, t, jnp.asarray(chain, jnp.int32))
+    t = jax.tree.map(np.asarray, t)
+    nodes = tree.size
+    assert t.tokens.shape == (3, nodes) and t.ancestor_mask.shape == (3, nodes, nodes) and t.paths.shape[2] == tree.max_path
     for b in range(3):
         mask, parents, depths = t.ancestor_mask[b], t.parents[b], t.depths[b]
         assert mask.diagonal().all()  # reflexive
         assert t.tokens[b, 0] == roots[b] and parents[0] == 0 and depths[0] == 0
         for r in range(1, nodes):
             assert parents[r] < r  # parents precede children
-            assert depths[r] == depths[parents[r]] + 1 <= depth + 1
+            assert depths[r] == depths[parents[r]] + 1 <= tree.max_path - 1
             # ancestor-closed: r's ancestors are exactly its parent's ancestors plus itself
             expected = mask[parents[r]].copy()
             expected[r] = True
@@ -64,9 +70,14 @@ def test_tree_structure_invariants(tree_args, seed):
             assert len([p for p in path if p >= 0]) == depths[r] + 1  # depth = path length - 1
             for d in range(1, depths[r] + 1):
                 assert parents[path[d]] == path[d - 1]
-        # siblings carry distinct tokens (top-k children of one node)
-        for r in range(nodes):
-            kids = [c for c in range(1, nodes) if parents[c] == r]
+        assert depths[1:drafted].max(initial=0) <= depth + 1
+        # the looked-up chain hangs under the root after the drafted nodes, in order
+        np.testing.assert_array_equal(t.tokens[b, drafted:], chain[b])
+        np.testing.assert_array_equal(depths[drafted:], np.arange(1, lookup + 1))
+        assert all(len([c for c in range(nodes) if parents[c] == r and c > 0]) <= tree.max_children for r in range(nodes))
+        # drafted siblings carry distinct tokens (top-k children of one node)
+        for r in range(drafted):
+            kids = [c for c in range(1, drafted) if parents[c] == r]
             assert len(set(t.tokens[b, kids])) == len(kids)
 
 
@@ -142,9 +153,40 @@ def test_children_table_orders_siblings_by_node_index():
     np.testing.assert_array_equal(np.asarray(children_table(parents, 3)), [[1, 2, -1], [3, 4, -1], [5, -1, -1], [6, -1, -1], [-1] * 3, [-1] * 3, [-1] * 3])
 
 
+def naive_lookup(history: list[int], num_tokens: int, max_ngram: int) -> list[int]:
+    """The longest recurring suffix (<= max_ngram), its latest earlier occurrence, what followed it,
+    continued with the period of that distance; the last token repeated when nothing recurs."""
+    last = len(history) - 1
+    for n in range(min(max_ngram, len(history)), 0, -1):
+        for j in range(last - 1, n - 2, -1):
+            if history[j - n + 1 : j + 1] == history[last - n + 1 :]:
+                d = last - j
+                return [history[j + 1 + i % d] for i in range(num_tokens)]
+    return [history[last]] * num_tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), vocab=st.integers(2, 6), num_tokens=st.integers(1, 6))
+def test_lookup_proposals_match_a_direct_search(seed, vocab, num_tokens):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 20, size=4)
+    history = rng.integers(0, vocab, size=(4, 24))  # past each row's length: junk that must be ignored
+    got = np.asarray(lookup_proposals(jnp.asarray(history, jnp.int32), jnp.asarray(lengths, jnp.int32), num_tokens))
+    for b in range(4):
+        assert got[b].tolist() == naive_lookup(history[b, : lengths[b]].tolist(), num_tokens, max_ngram=3)
+
+
+def test_lookup_continues_a_repeating_line():
+    line = [5, 6, 7, 8]
+    history = jnp.asarray([[1, 2] + line * 2 + [5, 6]], jnp.int32)
+    got = lookup_proposals(history, jnp.asarray([12], jnp.int32), 7)
+    np.testing.assert_array_equal(np.asarray(got)[0], [7, 8, 5, 6, 7, 8, 5])
+
+
 @pytest.mark.parametrize(
     "args, message",
-    [((2, 2, 12), "num_nodes=12 does not fit"), ((2, 2, 1), "num_nodes=1 does not fit"), ((0, 2, 4), "top_k >= 1"), ((2, 2, 4, "wide"), "unknown tree scoring")],
+    [((2, 2, 12), "num_nodes=12 does not fit"), ((2, 2, 1), "num_nodes=1 does not fit"), ((0, 2, 4), "top_k >= 1"), ((2, 2, 4, "wide"), "unknown tree scoring"),
+     ((2, 2, 4, "dynamic", -1), "lookup >= 0")],
 )
 def test_bad_tree_budgets_are_refused(args, message):
     with pytest.raises(EagleError, match=message):
