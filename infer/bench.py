@@ -83,7 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2",
                    help="measure each tree setting: top_k=, depth=, num_nodes= or lookup= values; repeat the flag for a grid")
     p.add_argument("--auto-tune", action="store_true",
-                   help="save the fastest tree of the sweep (default num_nodes=8,16,32,64) as DRAFT/tree.json, "
+                   help="save the fastest tree of the sweep (default num_nodes=8,16,32,64) as DRAFT/tree.json "
+                        "(DRAFT/tree_sampled.json when sampling), "
                         "and with --batch-sizes the measured table as DRAFT/batch_policy.json")
     p.add_argument("--batch-sizes", default=None, metavar="1,2,4,...",
                    help="throughput of plain vs speculative decoding at each batch size (first turns of the prompts)")
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         "per_variant": {v: summarize(records) for v, records in by_variant.items()} if args.variants else {},
         "sweep": sweep,
         "batch": batch,
-        "auto_tune": auto_tune(draft_dir, sweep, batch, measured_on(engine, args, machine, len(prompts))) if draft_dir else None,
+        "auto_tune": auto_tune(draft_dir, sweep, batch, measured_on(engine, args, machine, len(prompts)), not engine.sampling.greedy)
+        if draft_dir else None,
     }
     write_json_atomic(args.out, report)
     print(format_report(report))
@@ -219,13 +221,14 @@ def measured_on(engine: Engine, args, machine: dict, num_prompts: int) -> dict:
     }
 
 
-def auto_tune(draft_dir: str, sweep: list[dict], batch: list[dict], measured: dict) -> dict:
-    """Save the sweep's fastest tree (speculative tokens/s at batch 1) and the batch table with the head."""
+def auto_tune(draft_dir: str, sweep: list[dict], batch: list[dict], measured: dict, sampled: bool) -> dict:
+    """Save the sweep's fastest tree (speculative tokens/s at batch 1; `sampled`: as the sampling
+    tree) and the batch table with the head."""
     best = max(sweep, key=lambda r: r["spec_tokens_per_s"])
     tree = tree_from_fields(best)
     numbers = {k: best[k] for k in ("tau", "spec_tokens_per_s", "ar_tokens_per_s", "speedup")}
     return {
         "tree": tree_fields(tree),
-        "tree_file": save_tuned_tree(draft_dir, tree, measured | numbers),
+        "tree_file": save_tuned_tree(draft_dir, tree, measured | numbers, sampled),
         "batch_policy_file": save_batch_policy(draft_dir, batch, measured) if batch else None,
     }

@@ -2,7 +2,9 @@
 
 - `--sweep AXIS=V1,V2` (repeatable, a grid over top_k, depth, num_nodes, lookup) -> the trees to measure.
 - `--auto-tune` writes DRAFT/tree.json `{top_k, depth, num_nodes, lookup, measured_on}`: the tree with the
-  highest speculative tokens/s at batch 1 on this machine; `load_tuned_tree` reads it back.
+  highest speculative tokens/s at batch 1 on this machine; `load_tuned_tree` reads it back. Tuned
+  with sampling (temperature > 0), it writes DRAFT/tree_sampled.json instead: drafts are accepted
+  less often when sampling, so the fastest tree is often smaller.
 - With `--batch-sizes`, it also writes DRAFT/batch_policy.json `{measured_on, table}`: the measured
   throughput of plain and speculative decoding per batch size and tree; `tree_for_batch` turns the
   table into a decision for any batch size.
@@ -21,7 +23,7 @@ from eagle_jax.tree import TreeConfig
 
 SWEEP_AXES = ("top_k", "depth", "num_nodes", "lookup")
 AUTO_TUNE_NUM_NODES = (8, 16, 32, 64)  # default --auto-tune budgets, at the given top_k and depth
-TREE_FILE = "tree.json"
+TREE_FILE, SAMPLED_TREE_FILE = "tree.json", "tree_sampled.json"
 POLICY_FILE = "batch_policy.json"
 
 
@@ -86,9 +88,9 @@ def draft_directory(draft: str | None) -> str:
     return draft
 
 
-def save_tuned_tree(draft_dir: str, tree: TreeConfig, measured_on: dict) -> str:
-    """Write DRAFT/tree.json atomically; returns its path."""
-    path = os.path.join(draft_dir, TREE_FILE)
+def save_tuned_tree(draft_dir: str, tree: TreeConfig, measured_on: dict, sampled: bool = False) -> str:
+    """Write DRAFT/tree.json (greedy) or DRAFT/tree_sampled.json atomically; returns its path."""
+    path = os.path.join(draft_dir, SAMPLED_TREE_FILE if sampled else TREE_FILE)
     write_json_atomic(path, tree_fields(tree) | {"measured_on": measured_on})
     return path
 
@@ -106,10 +108,14 @@ def _read_json(path: str) -> dict | None:
     return data
 
 
-def load_tuned_tree(draft_dir: str, device_kind: str | None = None) -> TreeConfig | None:
-    """The tree saved by `--auto-tune` in `draft_dir`; None when there is none, or when `device_kind`
-    is given and differs from the device it was measured on."""
-    path = os.path.join(draft_dir, TREE_FILE)
+def load_tuned_tree(draft_dir: str, device_kind: str | None = None, sampled: bool = False) -> TreeConfig | None:
+    """The tree saved by `--auto-tune` in `draft_dir` for greedy decoding, or with `sampled` the one
+    tuned with sampling (the greedy one where there is none); None when there is none, or when
+    `device_kind` is given and differs from the device it was measured on."""
+    if sampled and os.path.exists(os.path.join(draft_dir, SAMPLED_TREE_FILE)):
+        path = os.path.join(draft_dir, SAMPLED_TREE_FILE)
+    else:
+        path = os.path.join(draft_dir, TREE_FILE)
     data = _read_json(path)
     if data is None:
         return None

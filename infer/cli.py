@@ -77,9 +77,10 @@ def build_engine(args):
         if draft_dir is None:
             raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
         draft = load_draft(draft_dir, target.cfg, dtype=dtype)
+    sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
     tree = TreeConfig()
     if draft is not None and args.top_k is None and args.depth is None and args.num_nodes is None and args.lookup is None:
-        tree = load_tuned_tree(draft_dir, device_kind=jax.devices()[0].device_kind) or tree
+        tree = load_tuned_tree(draft_dir, device_kind=jax.devices()[0].device_kind, sampled=not sampling.greedy) or tree
     tree = TreeConfig(
         top_k=args.top_k or tree.top_k,
         depth=tree.depth if args.depth is None else args.depth,
@@ -87,7 +88,6 @@ def build_engine(args):
         lookup=tree.lookup if args.lookup is None else args.lookup,
     )
     policy = load_batch_policy(draft_dir) if draft is not None else None
-    sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
     return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention, policy)
 
 

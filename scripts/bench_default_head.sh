@@ -5,17 +5,20 @@
 # with the head (tree.json); then, with that
 # tree: greedy on a Spec-Bench subset (the first 2 prompts of each of the 5 categories), greedy on
 # 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, taken far past the training slice), and
-# temperature 1 on the first Spec-Bench prompt of each category.
+# temperature 1 on the first Spec-Bench prompt of each category, with the tree tuned at temperature 1
+# on the same 8 tuning questions (tree_sampled.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/default_head}
 head=eagle_jax/heads/smollm2-135m-instruct
 mkdir -p "$out"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" \
-  --top-k 2 --depth 2 --num-nodes 4 --sweep depth=1,2 --sweep num_nodes=3,4 --sweep lookup=0,3,5 --auto-tune --out "$out/tune.json"
+  --top-k 1 --depth 1 --num-nodes 2 --sweep top_k=1,2 --sweep num_nodes=2,3 --sweep lookup=0,3,5 --auto-tune --out "$out/tune.json"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 2 --max-new-tokens 96 \
   --out "$out/spec_bench.json" --plots "$out/plots_spec_bench"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_dev.jsonl --limit 10 --max-new-tokens 96 \
   --out "$out/sharegpt_dev.json" --plots "$out/plots_sharegpt_dev"
+.venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" --temperature 1 \
+  --top-k 1 --depth 1 --num-nodes 2 --sweep top_k=1,2 --sweep num_nodes=2,3 --sweep lookup=0,3 --auto-tune --out "$out/tune_t1.json"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 1 --max-new-tokens 96 \
   --temperature 1 --out "$out/spec_bench_t1.json"

@@ -48,6 +48,15 @@ def test_parse_int_list():
     assert "--batch-sizes" in one_line_error(parse_int_list, "1,0", "--batch-sizes")
 
 
+def test_sampling_has_its_own_tuned_tree_and_falls_back_to_the_greedy_one(tmp_path):
+    save_tuned_tree(str(tmp_path), TreeConfig(2, 1, 3, lookup=5), {"device_kind": "cpu"})
+    assert load_tuned_tree(str(tmp_path), sampled=True) == TreeConfig(2, 1, 3, lookup=5)  # none tuned for sampling yet
+    path = save_tuned_tree(str(tmp_path), TreeConfig(2, 2, 4), {"device_kind": "cpu"}, sampled=True)
+    assert os.path.basename(path) == "tree_sampled.json"
+    assert load_tuned_tree(str(tmp_path), device_kind="cpu", sampled=True) == TreeConfig(2, 2, 4)
+    assert load_tuned_tree(str(tmp_path), device_kind="cpu") == TreeConfig(2, 1, 3, lookup=5)
+
+
 def test_tuned_tree_round_trip(tmp_path):
     assert load_tuned_tree(str(tmp_path)) is None
     path = save_tuned_tree(str(tmp_path), TreeConfig(3, 5, 24), {"device_kind": "cpu"})
