@@ -4,8 +4,9 @@ model, head, tree and prompts.
     git worktree add /tmp/baseline <commit>
     .venv/bin/python scripts/bench_generate_vs_checkout.py --baseline /tmp/baseline --out results/round_cost/generate_vs_11e0b45.json
 
-Each version compiles `generate_spec` for the default model with its shipped head and tuned tree
-(read from this tree), greedy, and `generate_ar`; the four are timed interleaved on each prompt
+Each version compiles `generate_spec` for the default model with its shipped head and the drafted
+part of the tuned tree (read from this tree; its lookup chain is left out, since checkouts before
+it have none), greedy, and `generate_ar`; the four are timed interleaved on each prompt
 (median of --reps calls each, compile excluded). All are lossless, so their tokens must be equal. The prompts are
 the tuning questions (data/sharegpt_tune.jsonl), rendered with the chat template.
 """
