@@ -3,7 +3,7 @@
 # used nowhere else (data/sharegpt_tune.jsonl, from `scripts/sharegpt_slice.py --start 12000 --count 8
 # --min-chars 40 --format bench`) over top_k x depth x num_nodes x lookup (tokens looked up in the context) and saved
 # with the head (tree.json); then, with that
-# tree: greedy on a Spec-Bench subset (the first 2 prompts of each of the 5 categories), greedy on
+# tree: greedy on Spec-Bench subsets (the first 2, then the first 10 prompts of each of the 5 categories), greedy on
 # 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, taken far past the training slice), and
 # temperature 1 on the first Spec-Bench prompt of each category, with the tree tuned at temperature 1
 # on the same 8 tuning questions (tree_sampled.json).
@@ -16,6 +16,8 @@ mkdir -p "$out"
   --top-k 1 --depth 1 --num-nodes 2 --sweep top_k=1,2 --sweep num_nodes=2,3 --sweep lookup=0,3,5 --auto-tune --out "$out/tune.json"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 2 --max-new-tokens 96 \
   --out "$out/spec_bench.json" --plots "$out/plots_spec_bench"
+.venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 10 --max-new-tokens 96 \
+  --out "$out/spec_bench_10.json"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_dev.jsonl --limit 10 --max-new-tokens 96 \
   --out "$out/sharegpt_dev.json" --plots "$out/plots_sharegpt_dev"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" --temperature 1 \
