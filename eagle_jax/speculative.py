@@ -61,8 +61,9 @@ def run_draft_context(dparams, dcfg, params, draft_cache, features, tokens, posi
     return DraftState(draft_cache.write(k[None], v[None], num_new), jax.nn.log_softmax(logits, axis=-1), hidden)
 
 
-def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.Array, tree: TreeConfig, attn_impl) -> DraftTree:
-    """Grow the tree for root tokens (B,) from the draft state."""
+def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.Array, tree: TreeConfig, attn_impl, history=None) -> DraftTree:
+    """Grow the tree for root tokens (B,) from the draft state; with tree.lookup, add the chain
+    looked up in `history` (B, S), every token by position with the root last (`lookup_proposals`)."""
     b, k = root.shape[0], tree.top_k
     cache = state.cache
     no_levels = jnp.zeros((b, 0, dcfg.num_kv_heads, dcfg.head_dim), cache.k[0].dtype)
@@ -75,7 +76,11 @@ def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.
         return level_kv, jax.nn.log_softmax(out.logits, axis=-1), out.hidden
 
     to_target = lambda ids: draft_to_target_ids(dparams, dcfg, ids)  # noqa: E731
-    return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target)
+    drafted = expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target)
+    if not tree.lookup:
+        return drafted
+    # the draft's context cache holds one entry per target position: the root is at its length
+    return add_lookup_chain(tree, drafted, lookup_proposals(history, cache.lengths + 1, tree.lookup))
 
 
 def generate_spec(
@@ -128,9 +133,7 @@ def generate_spec(
 
     def round_(s):
         cache, draft, active = s["cache"], s["draft"], ~s["done"]
-        t = draft_tree(dparams, dcfg, params, draft, s["root"], tree, attn_impl)
-        if tree.lookup:
-            t = add_lookup_chain(tree, t, lookup_proposals(s["history"], cache.lengths + 1, tree.lookup))
+        t = draft_tree(dparams, dcfg, params, draft, s["root"], tree, attn_impl, s.get("history"))
         verify = forward(
             params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture, attn_impl=attn_impl
         )

@@ -24,6 +24,7 @@ from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.model import draft_to_target_ids, project_features
 from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
 from eagle_jax.infer.bench_report import describe_machine
+from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.prompts import load_prompts, messages_for_turn
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
@@ -44,12 +45,9 @@ def main() -> None:
     if args.limit < 1 or args.max_new_tokens < 2 or args.ttt_steps < 1:
         parser.error("--limit and --ttt-steps must be >= 1, --max-new-tokens >= 2")
     target = load_target(DEFAULT_MODEL)
-    cfg, params, tok = target.cfg, target.params, target.tokenizer
+    cfg, params = target.cfg, target.params
     dcfg, dparams = load_draft(default_head_dir(DEFAULT_MODEL), cfg)
-    prompts = []
-    for p in load_prompts(args.prompts)[: args.limit]:
-        ids = tok.apply_chat_template(messages_for_turn(p, [], 0), add_generation_prompt=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    prompts = [Engine(target).encode_chat(messages_for_turn(p, [], 0)) for p in load_prompts(args.prompts)[: args.limit]]
     tokens, lengths = pad_prompts(prompts)
     out = generate_ar_jit(params, cfg, tokens, lengths, jax.random.key(0), max_new_tokens=args.max_new_tokens,
                           cache_len=tokens.shape[1] + args.max_new_tokens, stop_ids=target.stop_ids)

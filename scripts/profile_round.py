@@ -31,12 +31,11 @@ from eagle_jax.errors import EagleError
 from eagle_jax.infer.bench_policy import load_tuned_tree
 from eagle_jax.infer.bench_report import describe_machine
 from eagle_jax.kv_cache import KVCache
-from eagle_jax.lookup import lookup_proposals
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
 from eagle_jax.model import forward, lm_head, make_cache
 from eagle_jax.speculative import DraftState, draft_tree, run_draft_context
-from eagle_jax.tree import TreeConfig, add_lookup_chain
+from eagle_jax.tree import TreeConfig
 
 CACHE_SLOTS, CACHE_FILLED = 520, 300
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,9 +50,6 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
     capture = dcfg.feature_layers
     history = jnp.arange(CACHE_SLOTS + tree.max_path + 1, dtype=jnp.int32)[None] % 50  # a repeating text
 
-    def draft(dparams, params, state, root):
-        t = draft_tree(dparams, dcfg, params, state, root, tree, "auto")
-        return add_lookup_chain(tree, t, lookup_proposals(history, cache.lengths + 1, tree.lookup)) if tree.lookup else t
 
     def verify(params, cache, t):
         out = forward(params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture)
@@ -70,7 +66,7 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
         return cache.commit_path(out.k_new, out.v_new, gather, n_emit), draft
 
     fns = {
-        "draft_tree": jax.jit(draft),
+        "draft_tree": jax.jit(lambda dp, p, s, r: draft_tree(dp, dcfg, p, s, r, tree, "auto", history)),
         "verify_with_logits": jax.jit(verify),
         "accept_greedy": jax.jit(accept_greedy),
         "commit_and_draft_context": jax.jit(commit),
