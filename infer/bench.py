@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     draft_dir = draft_directory(args.draft) if args.auto_tune else None
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
-    # measure every tree as given: a batch policy saved with the head must not switch speculation off
-    engine = dataclasses.replace(build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only})), batch_policy=None)
+    # measure every tree as given: settings saved with the head must not switch speculation off
+    engine = dataclasses.replace(build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only})), batch_policy=None, speculate=True)
     trees = sweep_trees(sweep_axes, engine.tree) if sweep_axes else auto_tune_trees(engine.tree) if args.auto_tune else []
     machine = describe_machine()
 
@@ -223,12 +223,14 @@ def measured_on(engine: Engine, args, machine: dict, num_prompts: int) -> dict:
 
 def auto_tune(draft_dir: str, sweep: list[dict], batch: list[dict], measured: dict, sampled: bool) -> dict:
     """Save the sweep's fastest tree (speculative tokens/s at batch 1; `sampled`: as the sampling
-    tree) and the batch table with the head."""
+    tree), whether it beat plain decoding, and the batch table with the head."""
     best = max(sweep, key=lambda r: r["spec_tokens_per_s"])
     tree = tree_from_fields(best)
     numbers = {k: best[k] for k in ("tau", "spec_tokens_per_s", "ar_tokens_per_s", "speedup")}
+    speculate = best["spec_tokens_per_s"] > best["ar_tokens_per_s"]
     return {
         "tree": tree_fields(tree),
-        "tree_file": save_tuned_tree(draft_dir, tree, measured | numbers, sampled),
+        "speculate": speculate,
+        "tree_file": save_tuned_tree(draft_dir, tree, measured | numbers, sampled, speculate),
         "batch_policy_file": save_batch_policy(draft_dir, batch, measured) if batch else None,
     }

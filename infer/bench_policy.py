@@ -1,10 +1,11 @@
 """Tree settings measured by the benchmark and saved with a draft head.
 
 - `--sweep AXIS=V1,V2` (repeatable, a grid over top_k, depth, num_nodes, lookup) -> the trees to measure.
-- `--auto-tune` writes DRAFT/tree.json `{top_k, depth, num_nodes, lookup, measured_on}`: the tree with the
-  highest speculative tokens/s at batch 1 on this machine; `load_tuned_tree` reads it back. Tuned
+- `--auto-tune` writes DRAFT/tree.json `{top_k, depth, num_nodes, lookup, speculate, measured_on}`: the
+  tree with the highest speculative tokens/s at batch 1 on this machine, and whether it beat plain
+  decoding there (`speculate`); `load_tuned_tree` and `tuned_speculation_pays` read them back. Tuned
   with sampling (temperature > 0), it writes DRAFT/tree_sampled.json instead: drafts are accepted
-  less often when sampling, so the fastest tree is often smaller.
+  less often when sampling, so the fastest tree is often smaller, and may not pay at all.
 - With `--batch-sizes`, it also writes DRAFT/batch_policy.json `{measured_on, table}`: the measured
   throughput of plain and speculative decoding per batch size and tree; `tree_for_batch` turns the
   table into a decision for any batch size.
@@ -88,10 +89,11 @@ def draft_directory(draft: str | None) -> str:
     return draft
 
 
-def save_tuned_tree(draft_dir: str, tree: TreeConfig, measured_on: dict, sampled: bool = False) -> str:
-    """Write DRAFT/tree.json (greedy) or DRAFT/tree_sampled.json atomically; returns its path."""
+def save_tuned_tree(draft_dir: str, tree: TreeConfig, measured_on: dict, sampled: bool = False, speculate: bool = True) -> str:
+    """Write DRAFT/tree.json (greedy) or DRAFT/tree_sampled.json atomically; returns its path.
+    `speculate` False records that even this, the fastest tree, was slower than plain decoding."""
     path = os.path.join(draft_dir, SAMPLED_TREE_FILE if sampled else TREE_FILE)
-    write_json_atomic(path, tree_fields(tree) | {"measured_on": measured_on})
+    write_json_atomic(path, tree_fields(tree) | {"speculate": speculate, "measured_on": measured_on})
     return path
 
 
@@ -108,23 +110,43 @@ def _read_json(path: str) -> dict | None:
     return data
 
 
+def _tuned_file(draft_dir: str, device_kind: str | None, sampled: bool) -> tuple[str, dict] | None:
+    """(path, contents) of the tuned tree file that applies: with `sampled` the sampling one where it
+    exists, else the greedy one; None when there is none or it was measured on another `device_kind`."""
+    path = os.path.join(draft_dir, SAMPLED_TREE_FILE)
+    if not (sampled and os.path.exists(path)):
+        path = os.path.join(draft_dir, TREE_FILE)
+    data = _read_json(path)
+    if data is None or (device_kind is not None and data.get("measured_on", {}).get("device_kind") != device_kind):
+        return None
+    return path, data
+
+
 def load_tuned_tree(draft_dir: str, device_kind: str | None = None, sampled: bool = False) -> TreeConfig | None:
     """The tree saved by `--auto-tune` in `draft_dir` for greedy decoding, or with `sampled` the one
     tuned with sampling (the greedy one where there is none); None when there is none, or when
     `device_kind` is given and differs from the device it was measured on."""
-    if sampled and os.path.exists(os.path.join(draft_dir, SAMPLED_TREE_FILE)):
-        path = os.path.join(draft_dir, SAMPLED_TREE_FILE)
-    else:
-        path = os.path.join(draft_dir, TREE_FILE)
-    data = _read_json(path)
-    if data is None:
+    found = _tuned_file(draft_dir, device_kind, sampled)
+    if found is None:
         return None
-    if device_kind is not None and data.get("measured_on", {}).get("device_kind") != device_kind:
-        return None
+    path, data = found
     try:
         return tree_from_fields(data)
     except (KeyError, TypeError, ValueError) as e:
         raise EagleError(f"{path}: expected integer top_k, depth, num_nodes and lookup ({e})") from None
+
+
+def tuned_speculation_pays(draft_dir: str, device_kind: str | None = None, sampled: bool = False) -> bool:
+    """False when the tuned tree that applies (as `load_tuned_tree` picks it) was measured slower than
+    plain decoding; True otherwise, also when nothing was tuned (files saved before the field: True)."""
+    found = _tuned_file(draft_dir, device_kind, sampled)
+    if found is None:
+        return True
+    path, data = found
+    speculate = data.get("speculate", True)
+    if not isinstance(speculate, bool):
+        raise EagleError(f"{path}: expected 'speculate' to be true or false, got {speculate!r}")
+    return speculate
 
 
 def save_batch_policy(draft_dir: str, table: list[dict], measured_on: dict) -> str:

@@ -62,7 +62,7 @@ def build_engine(args):
     import jax.numpy as jnp
 
     from eagle_jax.draft.checkpoint import load_draft
-    from eagle_jax.infer.bench_policy import load_batch_policy, load_tuned_tree
+    from eagle_jax.infer.bench_policy import load_batch_policy, load_tuned_tree, tuned_speculation_pays
     from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import load_target
     from eagle_jax.loading.registry import default_head_dir
@@ -78,9 +78,11 @@ def build_engine(args):
             raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
         draft = load_draft(draft_dir, target.cfg, dtype=dtype)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
-    tree = TreeConfig()
+    tree, speculate = TreeConfig(), True
     if draft is not None and args.top_k is None and args.depth is None and args.num_nodes is None and args.lookup is None:
-        tree = load_tuned_tree(draft_dir, device_kind=jax.devices()[0].device_kind, sampled=not sampling.greedy) or tree
+        tuned = dict(device_kind=jax.devices()[0].device_kind, sampled=not sampling.greedy)
+        tree = load_tuned_tree(draft_dir, **tuned) or tree
+        speculate = tuned_speculation_pays(draft_dir, **tuned)
     tree = TreeConfig(
         top_k=args.top_k or tree.top_k,
         depth=tree.depth if args.depth is None else args.depth,
@@ -88,10 +90,12 @@ def build_engine(args):
         lookup=tree.lookup if args.lookup is None else args.lookup,
     )
     policy = load_batch_policy(draft_dir) if draft is not None else None
-    return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention, policy)
+    return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention, policy, speculate)
 
 
 ESTIMATE_TOKENS = 64
+NOT_TUNED_TO_PAY = ("decoded plainly: when this head's tree was tuned here (eagle-jax bench --auto-tune) no tree beat plain "
+                    "decoding in this mode; pass --top-k/--depth/--num-nodes/--lookup to speculate anyway")
 
 
 def plain_tokens_per_s(engine, ids: list[int], seed: int) -> float:
@@ -105,7 +109,8 @@ def cmd_generate(args) -> int:
     engine = build_engine(args)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
     ids = engine.encode_chat(messages, raw=args.raw)
-    result = engine.run([ids], speculative=not args.no_spec, seed=args.seed)
+    speculative = not args.no_spec and engine.tree_for(1) is not None
+    result = engine.run([ids], speculative=speculative, seed=args.seed)
     text = engine.decode(result.tokens[0])
     n = result.new_tokens
     report = {
@@ -114,21 +119,25 @@ def cmd_generate(args) -> int:
         "tokens_per_s": n / result.wall_s,
         "wall_s": result.wall_s,
         "compile_s": result.compile_s,
-        "mode": "plain" if args.no_spec else "speculative",
+        "mode": "speculative" if speculative else "plain",
     }
-    if not args.no_spec:
+    if speculative:
         report.update(tau=result.tau, rounds=sum(result.rounds), tree=vars(engine.tree))
         if not args.no_estimate:
             report["speedup_estimate"] = report["tokens_per_s"] / plain_tokens_per_s(engine, ids, args.seed)
+    elif not args.no_spec:
+        report["why_plain"] = NOT_TUNED_TO_PAY
     if args.json:
         print(json.dumps(report))
         return 0
     print(text)
     line = f"[{report['mode']}] {n} tokens in {result.wall_s:.2f}s ({report['tokens_per_s']:.1f} tok/s, compile {result.compile_s:.1f}s)"
-    if not args.no_spec:
+    if speculative:
         line += f", tau {result.tau:.2f} over {sum(result.rounds)} rounds"
         if "speedup_estimate" in report:
             line += f", speedup ~{report['speedup_estimate']:.2f}x vs plain decoding of the same prompt"
+    elif "why_plain" in report:
+        line += f"; {report['why_plain']}"
     print(line, file=sys.stderr)
     return 0
 

@@ -59,6 +59,7 @@ class Engine:
     cache_len: int | None = None  # None: the smallest bucket that fits prompt + max_new_tokens
     attn_impl: str = "auto"
     batch_policy: list[dict] | None = None  # measured by `eagle-jax bench --batch-sizes` (bench_policy)
+    speculate: bool = True  # False: the head's tuned setting found plain decoding faster (run decodes plainly)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -120,7 +121,9 @@ class Engine:
         return (self.target.params,)
 
     def tree_for(self, batch: int) -> TreeConfig | None:
-        """The draft tree for a batch of this size; None when the measured policy turns speculation off."""
+        """The draft tree for a batch of this size; None when the measured settings turn speculation off."""
+        if not self.speculate:
+            return None
         if self.batch_policy is None:
             return self.tree
         return tree_for_batch(self.tree, batch, self.batch_policy)

@@ -21,6 +21,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.infer import bench as bench_cli
 from eagle_jax.infer import bench_measure, bench_report, cli
 from eagle_jax.infer.bench import load_batch_policy, load_tuned_tree
+from eagle_jax.infer.bench_policy import tuned_speculation_pays
 from eagle_jax.infer.bench_measure import Conversation, PromptRecord, measure_prompts
 from eagle_jax.infer.engine import RunResult
 from eagle_jax.infer.prompts import (
@@ -325,6 +326,8 @@ def test_auto_tune_saves_the_fastest_tree_and_the_batch_table(full_run):
     report, draft, _ = full_run
     fastest = max(report["sweep"], key=lambda r: r["spec_tokens_per_s"])
     assert load_tuned_tree(draft) == TreeConfig(2, 2, fastest["num_nodes"])
+    pays = fastest["spec_tokens_per_s"] > fastest["ar_tokens_per_s"]
+    assert report["auto_tune"]["speculate"] == pays == tuned_speculation_pays(draft)
     assert report["auto_tune"]["tree_file"] == os.path.join(draft, "tree.json")
     assert load_batch_policy(draft) == report["batch"]
 

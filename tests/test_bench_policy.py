@@ -10,7 +10,9 @@ import pytest
 from eagle_jax.errors import EagleError
 from eagle_jax.atomic import write_json_atomic
 from eagle_jax.infer.bench import load_batch_policy, load_tuned_tree, tree_for_batch
-from eagle_jax.infer.bench_policy import auto_tune_trees, parse_int_list, parse_sweep, save_batch_policy, save_tuned_tree, sweep_trees
+from eagle_jax.infer.bench_policy import (
+    auto_tune_trees, parse_int_list, parse_sweep, save_batch_policy, save_tuned_tree, sweep_trees, tuned_speculation_pays,
+)
 from eagle_jax.tree import TreeConfig
 
 BASE = TreeConfig(top_k=4, depth=4, num_nodes=16)
@@ -57,10 +59,26 @@ def test_sampling_has_its_own_tuned_tree_and_falls_back_to_the_greedy_one(tmp_pa
     assert load_tuned_tree(str(tmp_path), device_kind="cpu") == TreeConfig(2, 1, 3, lookup=5)
 
 
+def test_a_tuning_run_where_no_tree_paid_turns_speculation_off_for_its_mode_only(tmp_path):
+    assert tuned_speculation_pays(str(tmp_path))  # nothing tuned: the default tree speculates
+    save_tuned_tree(str(tmp_path), TreeConfig(1, 1, 2, lookup=3), {"device_kind": "cpu"})
+    path = save_tuned_tree(str(tmp_path), TreeConfig(1, 1, 2), {"device_kind": "cpu"}, sampled=True, speculate=False)
+    assert not tuned_speculation_pays(str(tmp_path), device_kind="cpu", sampled=True)
+    assert tuned_speculation_pays(str(tmp_path), device_kind="cpu")  # greedy has its own file
+    assert tuned_speculation_pays(str(tmp_path), device_kind="NVIDIA H200", sampled=True)  # measured elsewhere: not applied
+    assert load_tuned_tree(str(tmp_path), sampled=True) == TreeConfig(1, 1, 2)
+    with open(path, "w") as f:  # saved before the field existed: it speculated
+        json.dump({"top_k": 1, "depth": 1, "num_nodes": 2}, f)
+    assert tuned_speculation_pays(str(tmp_path), sampled=True)
+    with open(path, "w") as f:
+        json.dump({"top_k": 1, "depth": 1, "num_nodes": 2, "speculate": "no"}, f)
+    assert "tree_sampled.json" in one_line_error(tuned_speculation_pays, str(tmp_path), sampled=True)
+
+
 def test_tuned_tree_round_trip(tmp_path):
     assert load_tuned_tree(str(tmp_path)) is None
     path = save_tuned_tree(str(tmp_path), TreeConfig(3, 5, 24), {"device_kind": "cpu"})
-    assert json.load(open(path)) == {"top_k": 3, "depth": 5, "num_nodes": 24, "lookup": 0, "measured_on": {"device_kind": "cpu"}}
+    assert json.load(open(path)) == {"top_k": 3, "depth": 5, "num_nodes": 24, "lookup": 0, "speculate": True, "measured_on": {"device_kind": "cpu"}}
     assert load_tuned_tree(str(tmp_path)) == TreeConfig(3, 5, 24)
     assert load_tuned_tree(str(tmp_path), device_kind="cpu") == TreeConfig(3, 5, 24)
     assert load_tuned_tree(str(tmp_path), device_kind="NVIDIA H200") is None

@@ -89,6 +89,9 @@ def test_speculative_generate_with_a_head_directory_matches_plain(tmp_path, smol
 
     from eagle_jax.draft import DraftConfig, init_draft_params
     from eagle_jax.draft.checkpoint import export_draft
+    from eagle_jax.infer.bench_policy import save_tuned_tree
+    from eagle_jax.infer.bench_report import describe_machine
+    from eagle_jax.tree import TreeConfig
 
     dcfg = DraftConfig.for_target(smollm2_target.cfg, kind="eagle3", draft_vocab_size=2048)
     export_draft(str(tmp_path / "head"), dcfg, init_draft_params(jax.random.key(0), dcfg))
@@ -100,8 +103,15 @@ def test_speculative_generate_with_a_head_directory_matches_plain(tmp_path, smol
         reports[mode[0]] = json.loads(done.stdout)
     spec = reports["--draft"]
     assert spec["text"] == reports["--no-spec"]["text"]
-    assert spec["rounds"] >= 1 and spec["tau"] >= 1.0
+    assert spec["mode"] == "speculative" and spec["rounds"] >= 1 and spec["tau"] >= 1.0
     assert spec["tree"] == {"top_k": 3, "depth": 2, "num_nodes": 8, "scoring": "dynamic", "lookup": 3}
+    # a sampling tune that found no tree faster than plain: sampled generate then decodes plainly
+    save_tuned_tree(str(tmp_path / "head"), TreeConfig(1, 1, 2), describe_machine(), sampled=True, speculate=False)
+    done = subprocess.run([sys.executable, "-m", "eagle_jax.infer", *common, "--draft", str(tmp_path / "head"), "--temperature", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    sampled = json.loads(done.stdout)
+    assert sampled["mode"] == "plain" and "rounds" not in sampled and "--auto-tune" in sampled["why_plain"]
 
 
 @pytest.mark.slow
