@@ -9,10 +9,10 @@ tree sweeps with auto-tuning, batch-size throughput and plots. Writes OUT.json a
   per_prompt   [{question_id, category, prompt_tokens, answers, <numbers>}]
   per_category {category: <numbers>}
   per_variant  {variant: <numbers>}                      (--variants; else {})
-  sweep        [{top_k, depth, num_nodes, lookup, <numbers>}]   (--sweep / --auto-tune; else [])
+  sweep        [{top_k, depth, num_nodes, lookup, <numbers>}]   (--sweep / --trees / --auto-tune; else [])
   batch        [{batch, top_k, depth, num_nodes, lookup, sequences, ar_tokens_per_s, spec_tokens_per_s,
                  speedup, tau, ar_new_tokens, spec_new_tokens}]   (--batch-sizes; else [])
-  auto_tune    {tree, tree_file, batch_policy_file} or null
+  auto_tune    {tree, speculate, tree_file, batch_policy_file} or null
 <numbers> = bench_report.summarize(): num_prompts, num_turns, tau, spec_tokens_per_s,
 ar_tokens_per_s, speedup, mean_speedup, identical_to_ar, identical_prompts, new_tokens,
 ar_new_tokens, rounds, spec_wall_s, ar_wall_s, spec_compile_s, ar_compile_s, accept_histogram,
@@ -37,6 +37,7 @@ from eagle_jax.infer.bench_policy import (
     load_tuned_tree,
     parse_int_list,
     parse_sweep,
+    parse_trees,
     sweep_trees,
     save_batch_policy,
     save_tuned_tree,
@@ -82,6 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="about this many unrelated tokens precede the first turn in the long_context variant")
     p.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2",
                    help="measure each tree setting: top_k=, depth=, num_nodes= or lookup= values; repeat the flag for a grid")
+    p.add_argument("--trees", default=None, metavar="K/D/N[/L],...",
+                   help="measure these trees too (top_k/depth/num_nodes[/lookup] each), after the --sweep grid")
     p.add_argument("--auto-tune", action="store_true",
                    help="save the fastest tree of the sweep (default num_nodes=8,16,32,64) as DRAFT/tree.json "
                         "(DRAFT/tree_sampled.json when sampling), "
@@ -99,14 +102,17 @@ def run(args: argparse.Namespace) -> int:
     variants = parse_variants(args.variants) if args.variants else ["as_given"]
     batch_sizes = parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else []
     sweep_axes = parse_sweep(args.sweep)
-    if ar_only and (args.sweep or args.auto_tune):
-        raise EagleError("--sweep and --auto-tune measure speculative decoding; drop --ar-only/--no-spec")
+    listed = parse_trees(args.trees) if args.trees is not None else []
+    if ar_only and (args.sweep or listed or args.auto_tune):
+        raise EagleError("--sweep, --trees and --auto-tune measure speculative decoding; drop --ar-only/--no-spec")
     draft_dir = draft_directory(args.draft) if args.auto_tune else None
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
     # measure every tree as given: settings saved with the head must not switch speculation off
     engine = dataclasses.replace(build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only})), batch_policy=None, speculate=True)
-    trees = sweep_trees(sweep_axes, engine.tree) if sweep_axes else auto_tune_trees(engine.tree) if args.auto_tune else []
+    trees = list(dict.fromkeys((sweep_trees(sweep_axes, engine.tree) if sweep_axes else []) + listed))
+    if not trees and args.auto_tune:
+        trees = auto_tune_trees(engine.tree)
     machine = describe_machine()
 
     by_variant = measure_variants(

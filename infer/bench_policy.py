@@ -1,6 +1,7 @@
 """Tree settings measured by the benchmark and saved with a draft head.
 
-- `--sweep AXIS=V1,V2` (repeatable, a grid over top_k, depth, num_nodes, lookup) -> the trees to measure.
+- `--sweep AXIS=V1,V2` (repeatable, a grid over top_k, depth, num_nodes, lookup) and `--trees
+  K/D/N[/L],...` (trees listed one by one) -> the trees to measure.
 - `--auto-tune` writes DRAFT/tree.json `{top_k, depth, num_nodes, lookup, speculate, measured_on}`: the
   tree with the highest speculative tokens/s at batch 1 on this machine, and whether it beat plain
   decoding there (`speculate`); `load_tuned_tree` and `tuned_speculation_pays` read them back. Tuned
@@ -61,6 +62,22 @@ def parse_sweep(specs: list[str]) -> dict[str, list[int]]:
             raise EagleError(f"--sweep gives {name} twice")
         axes[name] = parse_int_list(values, f"--sweep {name}", minimum=0 if name == "lookup" else 1)
     return axes
+
+
+def parse_trees(text: str, flag: str = "--trees") -> list[TreeConfig]:
+    """'2/2/4,2/1/3/5' -> trees top_k/depth/num_nodes[/lookup], in order, without repeats."""
+    trees = []
+    for spec in (s.strip() for s in text.split(",") if s.strip()):
+        try:
+            fields = [int(n) for n in spec.split("/")]
+            if len(fields) not in (3, 4):
+                raise ValueError(f"{len(fields)} numbers")
+            trees.append(TreeConfig(*fields[:3], lookup=fields[3] if len(fields) == 4 else 0))
+        except (ValueError, EagleError) as e:
+            raise EagleError(f"{flag} {spec!r}: expected top_k/depth/num_nodes[/lookup], e.g. 2/2/4 or 2/1/3/5 ({e})") from None
+    if not trees:
+        raise EagleError(f"{flag} expects at least one tree top_k/depth/num_nodes[/lookup], got {text!r}")
+    return list(dict.fromkeys(trees))
 
 
 def sweep_trees(axes: dict[str, list[int]], base: TreeConfig) -> list[TreeConfig]:

@@ -28,7 +28,7 @@ from eagle_jax.atomic import write_text_atomic
 from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.model import make_draft_cache, project_features
 from eagle_jax.errors import EagleError
-from eagle_jax.infer.bench_policy import load_tuned_tree
+from eagle_jax.infer.bench_policy import load_tuned_tree, parse_trees
 from eagle_jax.infer.bench_report import describe_machine
 from eagle_jax.kv_cache import KVCache
 from eagle_jax.loading import load_target
@@ -83,17 +83,6 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
     return median_ms(fns, args, reps)
 
 
-def parse_tree(parser: argparse.ArgumentParser, spec: str) -> TreeConfig:
-    """TreeConfig from "top_k/depth/num_nodes[/lookup]"; a bad spec ends with the parser's one-line error."""
-    try:
-        fields = [int(n) for n in spec.split("/")]
-        if len(fields) not in (3, 4):
-            raise ValueError(f"{len(fields)} numbers")
-        return TreeConfig(*fields[:3], lookup=fields[3] if len(fields) == 4 else 0)
-    except (ValueError, EagleError) as e:
-        parser.error(f"--trees {spec!r}: expected top_k/depth/num_nodes[/lookup], e.g. 2/2/4 or 2/1/3/5 ({e})")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", default="", help="top_k/depth/num_nodes[/lookup],... (default: the shipped head's tuned tree and 4/4/16)")
@@ -103,7 +92,10 @@ def main() -> None:
     args = parser.parse_args()
     head_dir = default_head_dir(DEFAULT_MODEL)
     if args.trees:
-        trees = [parse_tree(parser, spec) for spec in args.trees.split(",")]
+        try:
+            trees = parse_trees(args.trees)
+        except EagleError as e:
+            parser.error(str(e))
     else:
         trees = [load_tuned_tree(head_dir) or TreeConfig(), TreeConfig(4, 4, 16)]
     target = load_target(DEFAULT_MODEL, with_tokenizer=False)

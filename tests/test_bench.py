@@ -258,14 +258,14 @@ def bench(argv: list[str], load_target) -> int:
 
 @pytest.fixture(scope="module")
 def full_run(tiny_model, tmp_path_factory):
-    """One run with every option: variants, a sweep, batch sizes, auto-tuning and plots."""
+    """One run with every option: variants, a sweep (a grid and listed trees), batch sizes, auto-tuning and plots."""
     load_target, draft = tiny_model
     tmp = tmp_path_factory.mktemp("bench")
     out, plots = str(tmp / "results" / "out.json"), str(tmp / "plots")
     rc = bench([
         "--prompts", write_lines(tmp / "p.jsonl", PROMPTS), "--out", out, "--draft", draft, "--limit", "2",
         "--top-k", "2", "--depth", "2", "--num-nodes", "4", "--variants", "--long-context-tokens", "20",
-        "--sweep", "num_nodes=4,6", "--batch-sizes", "1,2", "--auto-tune", "--plots", plots,
+        "--sweep", "num_nodes=4", "--trees", "2/2/6,2/2/4", "--batch-sizes", "1,2", "--auto-tune", "--plots", plots,
     ], load_target)
     assert rc == 0
     with open(out) as f:
@@ -317,7 +317,7 @@ def test_variants_sweep_and_batch(full_run):
     tokens = {v: variants[v]["mean_prompt_tokens"] for v in VARIANTS}
     assert tokens["long_context"] >= tokens["as_given"] + 20 and tokens["raw"] < tokens["as_given"]
     assert variants["as_given"] == {k: v for k, v in report["summary"].items() if k in variants["as_given"]}
-    assert [r["num_nodes"] for r in report["sweep"]] == [4, 6]
+    assert [r["num_nodes"] for r in report["sweep"]] == [4, 6]  # the grid, then the listed trees not in it
     assert [(r["batch"], r["num_nodes"], r["sequences"]) for r in report["batch"]] == [(1, 4, 3), (1, 6, 3), (2, 4, 4), (2, 6, 4)]
     assert all(r["ar_tokens_per_s"] > 0 and r["spec_tokens_per_s"] > 0 for r in report["batch"])
 

@@ -11,7 +11,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.atomic import write_json_atomic
 from eagle_jax.infer.bench import load_batch_policy, load_tuned_tree, tree_for_batch
 from eagle_jax.infer.bench_policy import (
-    auto_tune_trees, parse_int_list, parse_sweep, save_batch_policy, save_tuned_tree, sweep_trees, tuned_speculation_pays,
+    auto_tune_trees, parse_int_list, parse_sweep, parse_trees, save_batch_policy, save_tuned_tree, sweep_trees, tuned_speculation_pays,
 )
 from eagle_jax.tree import TreeConfig
 
@@ -30,6 +30,12 @@ def test_sweep_is_a_grid_over_the_base_tree():
     assert [(t.top_k, t.depth, t.num_nodes) for t in trees] == [(4, 2, 8), (4, 3, 8), (4, 2, 16), (4, 3, 16)]
     assert sweep_trees(parse_sweep(["top_k=2,2"]), BASE) == [TreeConfig(2, 4, 16)]
     assert [t.lookup for t in sweep_trees(parse_sweep(["lookup=0,6"]), BASE)] == [0, 6]  # lookup may be 0
+
+
+def test_listed_trees():
+    assert parse_trees("2/2/4, 1/1/2/3,2/2/4") == [TreeConfig(2, 2, 4), TreeConfig(1, 1, 2, lookup=3)]
+    for text, words in [("2/2", "2 numbers"), ("2/x/4", "top_k/depth/num_nodes"), ("1/1/9", "num_nodes"), (",", "at least one")]:
+        assert words in one_line_error(parse_trees, text)
 
 
 @pytest.mark.parametrize("spec, words", [
