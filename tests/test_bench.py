@@ -318,6 +318,9 @@ def test_variants_sweep_and_batch(full_run):
     assert tokens["long_context"] >= tokens["as_given"] + 20 and tokens["raw"] < tokens["as_given"]
     assert variants["as_given"] == {k: v for k, v in report["summary"].items() if k in variants["as_given"]}
     assert [r["num_nodes"] for r in report["sweep"]] == [4, 6]  # the grid, then the listed trees not in it
+    base_row, other = report["sweep"]
+    assert base_row["ar_wall_s"] == report["summary"]["ar_wall_s"]  # the main tree: the main run's numbers
+    assert other["ar_new_tokens"] == base_row["ar_new_tokens"] and other["ar_wall_s"] != base_row["ar_wall_s"]  # its own plain runs
     assert [(r["batch"], r["num_nodes"], r["sequences"]) for r in report["batch"]] == [(1, 4, 3), (1, 6, 3), (2, 4, 4), (2, 6, 4)]
     assert all(r["ar_tokens_per_s"] > 0 and r["spec_tokens_per_s"] > 0 for r in report["batch"])
 
