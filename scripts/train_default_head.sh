@@ -8,6 +8,8 @@
 #   ShareGPT conversations 1000-2500 as they are (no regeneration: the target's soft labels on other
 #   text, and prompts up to 1024 tokens), 270 steps, target features online.
 # Stage 3: continued from stage 2's head the same way on the next 1500 conversations (2500-3999), 240 steps.
+# Stage 4: continued from stage 3's head on the first exchanges of the next 1600 conversations (4000 on),
+#   answered by SmolLM2 itself again (greedy, at most 192 new tokens), 600 steps, offline features.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run=${1:-runs/default_head}
@@ -28,5 +30,11 @@ mkdir -p "$run"
   --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 80 --save-every 20 --log-every 5 --tau-prompts 4 --no-progress
+.venv/bin/python scripts/sharegpt_slice.py --start 4000 --count 3000 --first-turn --out "$run/sharegpt_4000.jsonl"
+.venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_4000.jsonl" --num-conversations 1600 \
+  --regenerate --regen-max-new-tokens 192 --regen-batch-size 32 \
+  --init-head "$run/stage3/draft" --out "$run/stage4" --ttt-steps 3 --seq-len 512 --long-samples split --offline-features \
+  --batch-size 4 --max-steps 600 --lr 3e-4 --warmup-steps 20 --schedule cosine \
+  --eval-every 150 --save-every 50 --log-every 10 --tau-prompts 2 --no-progress
 mkdir -p results/head_ablation
 .venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json
