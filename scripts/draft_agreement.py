@@ -1,18 +1,28 @@
-"""How often the shipped head's draft agrees with the target on the target's own greedy answers.
+"""How often the shipped head's draft agrees with the target on the target's own greedy answers,
+and what tau that gives chain trees, against the head quality tau 3 would need.
 
     .venv/bin/python scripts/draft_agreement.py --prompts data/sharegpt_tune.jsonl --out results/default_head/agreement.json
 
 The target answers each prompt's first turn greedily (--max-new-tokens); then, teacher-forced on
 prompt + answer, every TTT step of the head predicts each answer token, and the script counts how
 often the target's token is the draft's top-1 and among its top-4, and how often it is in the draft
-vocabulary at all (a token outside it can never be drafted). This is the head alone: tau also
-depends on the tree and the lookup chain (`eagle-jax bench`).
+vocabulary at all (a token outside it can never be drafted).
+
+Greedy decoding is deterministic, so the rounds a tree of one draft chain (top_k 1) plus a lookup
+chain takes to emit these answers follow from the same predictions: per round the draft chain is
+steps 0..c-1 of the head at the root's parent (teacher-forced exactly as at inference, where a
+chain token counts only after its ancestors were accepted) and the lookup chain is
+`eagle_jax.lookup.lookup_proposals` on the context so far. `--chains C/L,...` gives the tau of those
+trees with this head, and with hypothetical heads whose every chain token is accepted with
+probability p (`--acceptance`, independently; the lookup as it is). No timing: verify cost per tree
+is `scripts/profile_round.py`'s, speedup `eagle-jax bench`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +38,51 @@ from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.prompts import load_prompts, messages_for_turn
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
+from eagle_jax.lookup import lookup_proposals
 from eagle_jax.train.features import compute_target_features
 from eagle_jax.train.ttt import unroll
 
 TOP = 4
+
+
+def leading_matches(proposed, truth) -> int:
+    """How many of `proposed` equal `truth` from the start."""
+    n = 0
+    for a, b in zip(proposed, truth):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def chain_rounds(answer, draft_top1, lookups, chain: int, accept_p: float | None = None, rng=None) -> int:
+    """Greedy rounds that emit answer[1:] (answer[0] comes from the prefill) with a draft chain of
+    `chain` tokens and a lookup chain under each root. draft_top1 (A, steps): the head's top-1 per
+    TTT step for the tokens after the root answer[t]; lookups (A, L): the lookup chain of that root.
+    With accept_p, each chain token is accepted with that probability instead (rng: random.Random)."""
+    t = rounds = 0  # t: the root's index in the answer
+    while t < len(answer) - 1:
+        truth = answer[t + 1 :]
+        if accept_p is None:
+            drafted = leading_matches(draft_top1[t, :chain], truth)
+        else:
+            drafted = 0
+            while drafted < min(chain, len(truth)) and rng.random() < accept_p:
+                drafted += 1
+        t += max(drafted, leading_matches(lookups[t], truth)) + 1
+        rounds += 1
+    return rounds
+
+
+def parse_chains(text: str, ttt_steps: int) -> list[tuple[int, int]]:
+    """'1/3,3/4' -> [(1, 3), (3, 4)]: draft chain tokens / lookup tokens."""
+    try:
+        chains = [tuple(int(x) for x in item.split("/")) for item in text.split(",")]
+    except ValueError:
+        chains = []
+    if not chains or any(len(c) != 2 or not 1 <= c[0] <= ttt_steps or c[1] < 0 for c in chains):
+        raise SystemExit(f"--chains wants C/L,... with 1 <= C <= --ttt-steps ({ttt_steps}) and L >= 0, got {text!r}")
+    return chains
 
 
 def main() -> None:
@@ -40,13 +91,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=8, help="the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--ttt-steps", type=int, default=3)
+    parser.add_argument("--head", default=None, help="draft head directory (default: the shipped head)")
+    parser.add_argument("--chains", default="1/0,1/3,2/3,3/4", help="trees to simulate: draft chain tokens / lookup tokens, ...")
+    parser.add_argument("--acceptance", default="0.4,0.5,0.6,0.7,0.8,0.9", help="hypothetical per-token acceptance rates")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.limit < 1 or args.max_new_tokens < 2 or args.ttt_steps < 1:
         parser.error("--limit and --ttt-steps must be >= 1, --max-new-tokens >= 2")
+    chains = parse_chains(args.chains, args.ttt_steps)
+    rates = [float(x) for x in args.acceptance.split(",")]
+    head = args.head or default_head_dir(DEFAULT_MODEL)
     target = load_target(DEFAULT_MODEL)
     cfg, params = target.cfg, target.params
-    dcfg, dparams = load_draft(default_head_dir(DEFAULT_MODEL), cfg)
+    dcfg, dparams = load_draft(head, cfg)
     prompts = [Engine(target).encode_chat(messages_for_turn(p, [], 0)) for p in load_prompts(args.prompts)[: args.limit]]
     tokens, lengths = pad_prompts(prompts)
     out = generate_ar_jit(params, cfg, tokens, lengths, jax.random.key(0), max_new_tokens=args.max_new_tokens,
@@ -62,8 +119,10 @@ def main() -> None:
         tops = [draft_to_target_ids(dparams, dcfg, jax.lax.top_k(s.logits, TOP)[1]) for s in steps]
         return jnp.argmax(target_model.lm_head(params, feats.hidden), -1), tops
 
+    max_lookup = max(lookup for _, lookup in chains)
     counts = np.zeros((args.ttt_steps, 3), np.int64)  # top-1 hits, top-4 hits, predicted tokens
     in_vocab_count = answer_tokens = 0
+    rounds_inputs = []  # per prompt: answer, draft top-1 per root (A, steps), lookup chain per root (A, L)
     for prompt, answer in zip(prompts, answers):
         seq = np.asarray(prompt + answer.tolist(), np.int32)[None]
         greedy, tops = predictions(jnp.asarray(seq))
@@ -75,12 +134,29 @@ def main() -> None:
             t = np.arange(len(prompt) - 2, seq.shape[1] - k - 2)
             want = greedy[t + k + 1]
             counts[k] += [(top[t, 0] == want).sum(), (top[t] == want[:, None]).any(1).sum(), len(t)]
+        roots = len(prompt) + np.arange(len(answer))  # the root answer[t] sits at position P + t
+        draft_top1 = np.stack([np.asarray(top)[0, roots - 1, 0] for top in tops], axis=1)
+        history = jnp.broadcast_to(jnp.asarray(seq), (len(answer), seq.shape[1]))  # nothing past the root is read
+        lookups = np.asarray(lookup_proposals(history, jnp.asarray(roots + 1, jnp.int32), max_lookup)) if max_lookup else np.zeros((len(answer), 0), int)
+        rounds_inputs.append((answer.tolist(), draft_top1, lookups))
+    emitted = sum(len(answer) - 1 for answer, _, _ in rounds_inputs)
+
+    def tau(chain: int, lookup: int, accept_p: float | None = None) -> float:
+        rng = random.Random(0)
+        rounds = sum(chain_rounds(a, d, lk[:, :lookup], chain, accept_p, rng) for a, d, lk in rounds_inputs)
+        return round(emitted / max(rounds, 1), 3)
+
+    simulated = {
+        f"{chain}/{lookup}": {"this_head": tau(chain, lookup), "acceptance": {str(p): tau(chain, lookup, p) for p in rates}}
+        for chain, lookup in chains
+    }
     result = {
         "top1_per_ttt_step": [round(float(c[0] / c[2]), 4) for c in counts],
         f"top{TOP}_per_ttt_step": [round(float(c[1] / c[2]), 4) for c in counts],
         "answer_tokens_in_draft_vocab": round(in_vocab_count / answer_tokens, 4),
         "answer_tokens": answer_tokens,
-        "config": {"model": DEFAULT_MODEL, "head": "eagle_jax/heads/smollm2-135m-instruct", "prompts": args.prompts,
+        "greedy_tau_of_chain_trees": simulated,  # "C/L": C drafted + L looked-up tokens under the root
+        "config": {"model": DEFAULT_MODEL, "head": head, "prompts": args.prompts,
                    "limit": args.limit, "max_new_tokens": args.max_new_tokens},
         "machine": describe_machine(),
     }

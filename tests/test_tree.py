@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import pathlib
+import random
 
 import jax
 import jax.numpy as jnp
@@ -191,3 +194,36 @@ def test_lookup_continues_a_repeating_line():
 def test_bad_tree_budgets_are_refused(args, message):
     with pytest.raises(EagleError, match=message):
         TreeConfig(*args)
+
+
+def _draft_agreement_script():
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "draft_agreement.py"
+    spec = importlib.util.spec_from_file_location("draft_agreement", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chain_rounds_replays_greedy_acceptance():
+    script = _draft_agreement_script()
+    answer = [10, 11, 12, 13, 14]  # answer[0] comes from the prefill: 4 tokens to emit
+    draft_top1 = np.array([[11, 12], [0, 0], [0, 0], [14, 0], [0, 0]])  # per root: the head's top-1 per step
+    lookups = np.array([[11, 99], [0, 0], [0, 0], [0, 0], [0, 0]])
+    # root 10: chain 11, 12 both right (the lookup only 11) -> 2 accepted + bonus 13; root 13: chain 14, the end
+    assert script.chain_rounds(answer, draft_top1, lookups, chain=2) == 2
+    # a chain of 1: root 10 accepts 11 (+ bonus 12), root 12 nothing (+ bonus 13), root 13 accepts 14
+    assert script.chain_rounds(answer, draft_top1, lookups, chain=1) == 3
+    # lookups alone (nothing drafted right): root 10 takes 11 from the lookup, then one token a round
+    assert script.chain_rounds(answer, np.zeros((5, 2), int), lookups, chain=2) == 3
+    # hypothetical heads: always right -> (chain + 1) tokens a round; never right, no lookup -> 1
+    no_lookup = np.zeros((5, 0), int)
+    assert script.chain_rounds(answer, draft_top1, no_lookup, chain=2, accept_p=1.0, rng=random.Random(0)) == 2
+    assert script.chain_rounds(answer, draft_top1, no_lookup, chain=2, accept_p=0.0, rng=random.Random(0)) == 4
+
+
+def test_parse_chains_rejects_chains_past_the_ttt_steps():
+    script = _draft_agreement_script()
+    assert script.parse_chains("1/0,3/4", ttt_steps=3) == [(1, 0), (3, 4)]
+    for bad in ("4/1", "0/3", "1", "a/b", "1/-1"):
+        with pytest.raises(SystemExit, match="--chains"):
+            script.parse_chains(bad, ttt_steps=3)
