@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 
 import jax
@@ -99,7 +100,12 @@ def main() -> None:
     if args.limit < 1 or args.max_new_tokens < 2 or args.ttt_steps < 1:
         parser.error("--limit and --ttt-steps must be >= 1, --max-new-tokens >= 2")
     chains = parse_chains(args.chains, args.ttt_steps)
-    rates = [float(x) for x in args.acceptance.split(",")]
+    try:
+        rates = [float(x) for x in args.acceptance.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(0.0 <= p <= 1.0 for p in rates):
+        parser.error(f"--acceptance wants probabilities in [0, 1], comma-separated, got {args.acceptance!r}")
     head = args.head or default_head_dir(DEFAULT_MODEL)
     target = load_target(DEFAULT_MODEL)
     cfg, params = target.cfg, target.params
@@ -156,7 +162,7 @@ def main() -> None:
         "answer_tokens_in_draft_vocab": round(in_vocab_count / answer_tokens, 4),
         "answer_tokens": answer_tokens,
         "greedy_tau_of_chain_trees": simulated,  # "C/L": C drafted + L looked-up tokens under the root
-        "config": {"model": DEFAULT_MODEL, "head": head, "prompts": args.prompts,
+        "config": {"model": DEFAULT_MODEL, "head": os.path.relpath(head), "prompts": args.prompts,
                    "limit": args.limit, "max_new_tokens": args.max_new_tokens},
         "machine": describe_machine(),
     }
