@@ -33,6 +33,7 @@ from eagle_jax import model as target_model
 from eagle_jax.atomic import write_text_atomic
 from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.model import draft_to_target_ids, project_features
+from eagle_jax.errors import EagleError
 from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
 from eagle_jax.infer.bench_report import describe_machine
 from eagle_jax.infer.engine import Engine
@@ -171,4 +172,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EagleError as e:  # a missing prompt file or head, a head that does not fit the target
+        raise SystemExit(f"draft_agreement: error: {e}") from None
