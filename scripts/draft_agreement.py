@@ -120,7 +120,7 @@ def main() -> None:
     in_vocab[np.asarray(draft_to_target_ids(dparams, dcfg, jnp.arange(dcfg.draft_vocab_size)))] = True
 
     @jax.jit
-    def predictions(seq):  # (1, T) -> target argmax (1, T), per TTT step the draft's top-4 target ids (1, T, 4)
+    def predictions(params, dparams, seq):  # (1, T) -> target argmax (1, T), per TTT step the draft's top-4 target ids (1, T, 4)
         feats = compute_target_features(params, cfg, dcfg, seq)
         steps = unroll(dparams, dcfg, params, project_features(dparams, dcfg, feats.as_forward_output()), seq, args.ttt_steps)
         tops = [draft_to_target_ids(dparams, dcfg, jax.lax.top_k(s.logits, TOP)[1]) for s in steps]
@@ -132,7 +132,7 @@ def main() -> None:
     rounds_inputs = []  # per prompt: answer, draft top-1 per root (A, steps), lookup chain per root (A, L)
     for prompt, answer in zip(prompts, answers):
         seq = np.asarray(prompt + answer.tolist(), np.int32)[None]
-        greedy, tops = predictions(jnp.asarray(seq))
+        greedy, tops = predictions(params, dparams, jnp.asarray(seq))  # weights as arguments, not folded constants
         greedy = np.asarray(greedy)[0]  # greedy[t]: the target's token at t + 1
         answer_tokens += len(answer)
         in_vocab_count += int(in_vocab[answer].sum())

@@ -327,12 +327,27 @@ def test_variants_sweep_and_batch(full_run):
 
 def test_auto_tune_saves_the_fastest_tree_and_the_batch_table(full_run):
     report, draft, _ = full_run
-    fastest = max(report["sweep"], key=lambda r: r["spec_tokens_per_s"])
+    fastest = max(report["sweep"], key=lambda r: r["speedup"])
     assert load_tuned_tree(draft) == TreeConfig(2, 2, fastest["num_nodes"])
-    pays = fastest["spec_tokens_per_s"] > fastest["ar_tokens_per_s"]
+    pays = fastest["speedup"] > 1
     assert report["auto_tune"]["speculate"] == pays == tuned_speculation_pays(draft)
     assert report["auto_tune"]["tree_file"] == os.path.join(draft, "tree.json")
     assert load_batch_policy(draft) == report["batch"]
+
+
+def test_auto_tune_ranks_trees_by_speedup_over_their_own_plain_runs(tmp_path):
+    # The host slowed down while the first tree ran: it has the higher raw rate, the second the higher speedup.
+    sweep = [
+        {"top_k": 2, "depth": 1, "num_nodes": 3, "lookup": 5, "tau": 2.0, "spec_tokens_per_s": 52.0, "ar_tokens_per_s": 50.0, "speedup": 1.04},
+        {"top_k": 1, "depth": 1, "num_nodes": 2, "lookup": 3, "tau": 1.8, "spec_tokens_per_s": 48.0, "ar_tokens_per_s": 42.0, "speedup": 48 / 42},
+    ]
+    report = bench_cli.auto_tune(str(tmp_path), sweep, [], {}, sampled=False)
+    assert load_tuned_tree(str(tmp_path)) == TreeConfig(1, 1, 2, lookup=3) and report["speculate"]
+    sweep[1] |= {"spec_tokens_per_s": 40.0, "speedup": 40 / 42}
+    sweep[0] |= {"spec_tokens_per_s": 49.0, "speedup": 0.98}
+    report = bench_cli.auto_tune(str(tmp_path), sweep, [], {}, sampled=False)
+    assert load_tuned_tree(str(tmp_path)) == TreeConfig(2, 1, 3, lookup=5) and not report["speculate"]
+    assert not tuned_speculation_pays(str(tmp_path))
 
 
 def test_plots(full_run):
