@@ -233,7 +233,7 @@ def auto_tune(draft_dir: str, sweep: list[dict], batch: list[dict], measured: di
     """Save the sweep's fastest tree (`sampled`: as the sampling tree), whether it beat plain
     decoding, and the batch table with the head. Fastest = the highest speedup over the tree's own
     interleaved plain runs, not the highest tokens/s: a host's speed drifts over a sweep, and the
-    ratio cancels what the raw rate carries (on 2 cores, plain runs of one tune ranged 42-50 tokens/s)."""
+    ratio cancels the drift that the raw rate carries."""
     best = max(sweep, key=lambda r: r["speedup"])
     tree = tree_from_fields(best)
     numbers = {k: best[k] for k in ("tau", "spec_tokens_per_s", "ar_tokens_per_s", "speedup")}
