@@ -1,5 +1,7 @@
 """Draft tokens looked up in the context: the continuation of the latest earlier occurrence of the
-last few tokens (n-gram prompt lookup), proposed as one extra chain under the tree's root.
+last few tokens (n-gram prompt lookup), proposed as one extra chain under the tree's root. Where
+the root token never occurred before, nothing is found, and the tree gives the chain's slots to
+drafted nodes (`eagle_jax.tree`).
 
 The draft head is weak at copying (names, quoted text, a repeated line), and the text a model is
 asked to translate, summarise or answer from often reappears in its answer. A lookup costs no
@@ -15,8 +17,9 @@ import jax.numpy as jnp
 MAX_NGRAM = 3  # the longest suffix looked up; shorter ones are tried when it does not recur
 
 
-def lookup_proposals(history: jax.Array, lengths: jax.Array, num_tokens: int, max_ngram: int = MAX_NGRAM) -> jax.Array:
-    """(B, num_tokens) int32 tokens to follow each row's known history.
+def lookup_proposals(history: jax.Array, lengths: jax.Array, num_tokens: int, max_ngram: int = MAX_NGRAM) -> tuple[jax.Array, jax.Array]:
+    """(B, num_tokens) int32 tokens to follow each row's known history, and (B,) bool: whether the
+    row's last token occurred before at all (where it did not, the proposal is a guess).
 
     history: (B, S) int32 tokens by position, the first lengths[b] of row b known (the last one is
     the tree's root); lengths: (B,) int32, >= 1. The suffix of the longest length n <= max_ngram that
@@ -38,6 +41,7 @@ def lookup_proposals(history: jax.Array, lengths: jax.Array, num_tokens: int, ma
     candidate = (positions < last) & (matched > 0)  # an earlier occurrence, not the suffix itself
     score = jnp.where(candidate, matched * s + positions, -1)  # longest suffix first, then latest
     best = jnp.argmax(score, axis=1).astype(jnp.int32)[:, None]  # (B, 1)
-    distance = jnp.where(jnp.max(score, axis=1, keepdims=True) >= 0, last - best, 1)
+    found = jnp.max(score, axis=1) >= 0  # (B,)
+    distance = jnp.where(found[:, None], last - best, 1)
     offsets = jnp.arange(num_tokens, dtype=jnp.int32)[None, :] % distance  # (B, L)
-    return jnp.take_along_axis(history, last + 1 - distance + offsets, axis=1)
+    return jnp.take_along_axis(history, last + 1 - distance + offsets, axis=1), found

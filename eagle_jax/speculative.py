@@ -2,7 +2,8 @@
 
 Per round (batch B, K = top_k, D = depth, T = num_nodes, L = lookup):
   1. draft: grow the dynamic tree from the root (the last emitted token) with the draft head, and
-     with L > 0 add a chain of L tokens looked up in the context (`eagle_jax.lookup`);
+     with L > 0 add a chain of L tokens looked up in the context (`eagle_jax.lookup`), or where
+     nothing was found, L more drafted nodes;
   2. verify: one target forward over the T + L tree tokens (prefix by length + ancestor mask);
   3. accept: greedy or lossless sampling; the bonus token is the target's own;
   4. commit: append the accepted path's KV to the target cache, run the draft over the accepted
@@ -27,7 +28,7 @@ from eagle_jax.kv_cache import KVCache
 from eagle_jax.lookup import lookup_proposals
 from eagle_jax.model import causal_mask, forward, lm_head, make_cache
 from eagle_jax.sampling import SamplingConfig, sample_tokens
-from eagle_jax.tree import DraftTree, TreeConfig, add_lookup_chain, expand_tree
+from eagle_jax.tree import DraftTree, TreeConfig, expand_tree
 
 
 class SpecOutput(NamedTuple):
@@ -76,11 +77,9 @@ def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.
         return level_kv, jax.nn.log_softmax(out.logits, axis=-1), out.hidden
 
     to_target = lambda ids: draft_to_target_ids(dparams, dcfg, ids)  # noqa: E731
-    drafted = expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target)
-    if not tree.lookup:
-        return drafted
     # the draft's context cache holds one entry per target position: the root is at its length
-    return add_lookup_chain(tree, drafted, lookup_proposals(history, cache.lengths + 1, tree.lookup))
+    looked_up = lookup_proposals(history, cache.lengths + 1, tree.lookup) if tree.lookup else None
+    return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target, looked_up)
 
 
 def generate_spec(

@@ -7,7 +7,10 @@ parents precede children), become the tree below the root. Levels deeper than th
 reach are not drafted (`TreeConfig.effective_depth`). A chain is top_k = 1; a static tree
 uses rank-based scores instead of draft log-probs, so the same machinery always picks the same shape.
 With `lookup` > 0 the tree also holds one chain of that many tokens looked up in the context
-(`eagle_jax.lookup`), under the root after the drafted nodes.
+(`eagle_jax.lookup`), under the root after the drafted nodes. In a row whose root token never
+occurred earlier, nothing is looked up (such a guess was never right), and the rerank fills the
+chain's slots with further drafted nodes instead: the chain joins the pool scored above every
+drafted entry when it was found, below every one when not.
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ import jax.numpy as jnp
 from eagle_jax.errors import EagleError
 
 SCORINGS = ("dynamic", "static")
+UNFOUND = -1e30  # the pool score of a chain that was not looked up: below every drafted entry
 
 
 @dataclasses.dataclass(frozen=True)
 class TreeConfig:
     """top_k: children per expanded node and nodes expanded per level; depth: expansion passes after
     the first (depth + 1 draft levels); num_nodes: drafted tree size, root included; lookup: tokens
-    looked up in the context, one chain under the root (0: none). The target verifies
-    num_nodes + lookup tokens (`size`)."""
+    looked up in the context, one chain under the root (0: none), whose slots hold drafted nodes
+    in rows where nothing was found. The target verifies num_nodes + lookup tokens (`size`)."""
 
     top_k: int = 4
     depth: int = 4
@@ -62,8 +66,13 @@ class TreeConfig:
     def effective_depth(self) -> int:
         """The expansion passes whose children the budget can keep. A kept node comes with all its
         ancestors (none scores below its descendants, and ties go to the earlier pool entry), so
-        no node deeper than the num_nodes - 1 draft nodes is ever kept: passes past
-        num_nodes - 2 are not run."""
+        no node deeper than the size - 1 drafted nodes of a row without a lookup is ever kept:
+        passes past size - 2 are not run."""
+        return min(self.depth, self.size - 2)
+
+    @property
+    def found_depth(self) -> int:
+        """The expansion passes a row with a found lookup can use: its num_nodes - 1 drafted nodes."""
         return min(self.depth, self.num_nodes - 2)
 
     @property
@@ -110,10 +119,20 @@ def expand_tree(
     run_level: DraftLevelFn,
     carry: Any,
     to_target_ids: Callable[[jax.Array], jax.Array],
+    looked_up: tuple[jax.Array, jax.Array] | None = None,
 ) -> DraftTree:
-    """Grow the draft tree level by level and rerank the pool to the node budget."""
-    pool = grow_pool(tree, tree.effective_depth, root_tokens, root_log_probs, root_hidden, run_level, carry, to_target_ids)
-    return select_nodes(tree, root_tokens, *pool)
+    """Grow the draft tree level by level and rerank the pool to the node budget. looked_up, with
+    tree.lookup: the chain (B, L) int32 and (B,) bool whether it was found (`lookup_proposals`)."""
+    grow = lambda passes: grow_pool(tree, passes, root_tokens, root_log_probs, root_hidden, run_level, carry, to_target_ids)  # noqa: E731
+    if not tree.lookup:
+        return select_nodes(tree, root_tokens, *grow(tree.effective_depth))
+    proposals, found = looked_up
+    if tree.effective_depth == tree.found_depth:
+        pool = grow(tree.effective_depth)
+    else:  # the passes only rows without a lookup can use run when there is such a row
+        entries = tree.top_k + tree.effective_depth * tree.top_k**2
+        pool = jax.lax.cond(jnp.all(found), lambda: pad_pool(grow(tree.found_depth), entries), lambda: grow(tree.effective_depth))
+    return select_nodes(tree, root_tokens, *with_lookup_chain(*pool, proposals, found))
 
 
 def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_hidden, run_level: DraftLevelFn, carry, to_target_ids):
@@ -150,9 +169,27 @@ def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_h
     return jnp.concatenate(pool_scores, 1), jnp.concatenate(pool_tokens, 1), jnp.concatenate(pool_parents, 1)
 
 
+def pad_pool(pool, entries: int):
+    """The pool (scores, tokens, parents), each (B, n), padded to `entries` with entries scored below all."""
+    scores, tokens, parents = (jnp.pad(x, ((0, 0), (0, entries - x.shape[1])), constant_values=c) for x, c in zip(pool, (UNFOUND, 0, -1)))
+    return scores, tokens, parents
+
+
+def with_lookup_chain(pool_scores, pool_tokens, pool_parents, proposals, found):
+    """The pool (B, n) with the looked-up chain (B, L) appended, each entry the parent of the next
+    (the first under the root), scored above every drafted entry (cumulative log-probs are <= 0)
+    where found (B,), below them where not."""
+    b, n = pool_scores.shape
+    length = proposals.shape[1]
+    scores = jnp.broadcast_to(jnp.where(found, 1.0, UNFOUND)[:, None], (b, length)).astype(pool_scores.dtype)
+    parents = jnp.broadcast_to(jnp.arange(n - 1, n + length - 1, dtype=jnp.int32).at[0].set(-1), (b, length))
+    return (jnp.concatenate([pool_scores, scores], 1), jnp.concatenate([pool_tokens, proposals.astype(pool_tokens.dtype)], 1),
+            jnp.concatenate([pool_parents, parents], 1))
+
+
 def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_parents) -> DraftTree:
-    """Keep the best num_nodes - 1 pool entries (B, pool) in pool order and derive the tree arrays."""
-    t = tree.num_nodes
+    """Keep the best size - 1 pool entries (B, pool) in pool order and derive the tree arrays."""
+    t = tree.size
     _, chosen = jax.lax.top_k(pool_scores, t - 1)
     chosen = jnp.sort(chosen, axis=-1)  # pool order: parents before children
     take = jax.vmap(lambda x, i: x[i])
@@ -164,28 +201,10 @@ def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_p
     parents = parents.astype(jnp.int32)
     eye = jnp.eye(t, dtype=bool)
     ancestors = jnp.broadcast_to(eye, (tokens.shape[0], t, t))
-    for _ in range(tree.effective_depth + 1):
+    for _ in range(tree.max_path - 1):
         ancestors = eye | jax.vmap(lambda a, p: a[p])(ancestors, parents)
     depths = jnp.sum(ancestors, axis=-1).astype(jnp.int32) - 1
     return DraftTree(tokens.astype(jnp.int32), parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))
-
-
-def add_lookup_chain(tree: TreeConfig, drafted: DraftTree, proposals: jax.Array) -> DraftTree:
-    """The drafted tree (B, T) with the looked-up tokens (B, L) appended as a chain under the root:
-    node T + i is at depth i + 1, its parent node T + i - 1 (the root for i = 0)."""
-    b, t = drafted.tokens.shape
-    length = proposals.shape[1]
-    chain = jnp.arange(length, dtype=jnp.int32)
-    parents = jnp.concatenate([drafted.parents, jnp.broadcast_to(jnp.where(chain == 0, 0, t + chain - 1), (b, length))], axis=1)
-    chain_rows = jnp.concatenate(  # (L, T + L): the root, the chain nodes up to and including itself
-        [jnp.zeros((length, t), bool).at[:, 0].set(True), chain[None, :] <= chain[:, None]], axis=1
-    )
-    ancestors = jnp.concatenate(
-        [jnp.pad(drafted.ancestor_mask, ((0, 0), (0, 0), (0, length))), jnp.broadcast_to(chain_rows, (b, length, t + length))], axis=1
-    )
-    depths = jnp.concatenate([drafted.depths, jnp.broadcast_to(chain + 1, (b, length))], axis=1)
-    tokens = jnp.concatenate([drafted.tokens, proposals.astype(jnp.int32)], axis=1)
-    return DraftTree(tokens, parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))
 
 
 def node_paths(ancestors: jax.Array, depths: jax.Array, max_path: int) -> jax.Array:

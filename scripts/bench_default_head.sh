@@ -2,7 +2,8 @@
 # The default head's figures in README.md. First the tree budget is tuned on 8 ShareGPT questions
 # used nowhere else (data/sharegpt_tune.jsonl, from `scripts/sharegpt_slice.py --start 12000 --count 8
 # --min-chars 40 --format bench`) over trees from 2 to 16 verified tokens (top_k/depth/num_nodes/lookup: tokens looked
-# up in the context; verifying 5, 8 or 16 tokens costs about 1.4, 1.6 and 1.7 one-token steps on this CPU,
+# up in the context, whose slots hold drafted nodes where nothing recurs, as far as top_k and depth reach;
+# verifying 5, 8 or 16 tokens costs about 1.4, 1.6 and 1.7 one-token steps on this CPU,
 # results/round_cost) and saved with the head (tree.json); then, with that
 # tree: greedy on Spec-Bench subsets (the first 2, then the first 10 prompts of each of the 5 categories), greedy on
 # 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, taken far past the training slice), and
@@ -14,7 +15,7 @@ out=${1:-results/default_head}
 head=eagle_jax/heads/smollm2-135m-instruct
 mkdir -p "$out"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" \
-  --trees 1/1/2/0,1/1/2/3,1/1/3/3,2/1/3/5,2/2/5/3,2/3/8/3,2/3/8/8,3/3/12/4,4/4/13/3 --auto-tune --out "$out/tune.json"
+  --trees 1/1/2/0,1/0/2/3,1/2/2/3,2/2/2/3,2/3/2/3,3/2/2/3,2/2/2/2,2/2/3/2,2/2/3/3,2/3/3/5,3/3/12/4 --auto-tune --out "$out/tune.json"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 2 --max-new-tokens 96 \
   --out "$out/spec_bench.json" --plots "$out/plots_spec_bench"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 10 --max-new-tokens 96 \
@@ -22,6 +23,6 @@ mkdir -p "$out"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_dev.jsonl --limit 10 --max-new-tokens 96 \
   --out "$out/sharegpt_dev.json" --plots "$out/plots_sharegpt_dev"
 .venv/bin/eagle-jax bench --prompts data/sharegpt_tune.jsonl --max-new-tokens 96 --draft "$head" --temperature 1 \
-  --trees 1/1/2/0,1/1/2/3,2/1/3/0,2/1/3/3,2/2/5/0 --auto-tune --out "$out/tune_t1.json"
+  --trees 1/1/2/0,1/0/2/3,2/2/2/3,2/1/3/0,2/2/5/0 --auto-tune --out "$out/tune_t1.json"
 .venv/bin/eagle-jax bench --prompts ../shared/data/spec_bench_400.jsonl --limit 1 --max-new-tokens 96 \
   --temperature 1 --out "$out/spec_bench_t1.json"

@@ -6,14 +6,17 @@ and what tau that gives chain trees, against the head quality tau 3 would need.
 The target answers each prompt's first turn greedily (--max-new-tokens); then, teacher-forced on
 prompt + answer, every TTT step of the head predicts each answer token, and the script counts how
 often the target's token is the draft's top-1 and among its top-4, and how often it is in the draft
-vocabulary at all (a token outside it can never be drafted).
+vocabulary at all (a token outside it can never be drafted), and how many of the answer's tokens
+never occurred earlier in the context (where a tree's lookup has nothing to propose).
 
 Greedy decoding is deterministic, so the rounds a tree of one draft chain (top_k 1) plus a lookup
 chain takes to emit these answers follow from the same predictions: per round the draft chain is
 steps 0..c-1 of the head at the root's parent (teacher-forced exactly as at inference, where a
 chain token counts only after its ancestors were accepted) and the lookup chain is
-`eagle_jax.lookup.lookup_proposals` on the context so far. `--chains C/L,...` gives the tau of those
-trees with this head, and with hypothetical heads whose every chain token is accepted with
+`eagle_jax.lookup.lookup_proposals` on the context so far. Where it found nothing, the tree's
+rerank gives the lookup's slots to drafted nodes as far as its depth reaches: `--chains C/L/F`
+replays the tree top_k 1, depth F - 1, num_nodes C + 1, lookup L, whose chain holds F drafted
+tokens there (C/L: F = C). `--chains` gives the tau of those trees with this head, and with hypothetical heads whose every chain token is accepted with
 probability p (`--acceptance`, independently; the lookup as it is). No timing: verify cost per tree
 is `scripts/profile_round.py`'s, speedup `eagle-jax bench`'s.
 """
@@ -57,33 +60,41 @@ def leading_matches(proposed, truth) -> int:
     return n
 
 
-def chain_rounds(answer, draft_top1, lookups, chain: int, accept_p: float | None = None, rng=None) -> int:
+def chain_rounds(answer, draft_top1, lookups, found, chain: int, fallback: int, accept_p: float | None = None, rng=None) -> int:
     """Greedy rounds that emit answer[1:] (answer[0] comes from the prefill) with a draft chain of
     `chain` tokens and a lookup chain under each root. draft_top1 (A, steps): the head's top-1 per
-    TTT step for the tokens after the root answer[t]; lookups (A, L): the lookup chain of that root.
-    With accept_p, each chain token is accepted with that probability instead (rng: random.Random)."""
+    TTT step for the tokens after the root answer[t]; lookups (A, L): the lookup chain of that root;
+    found (A,): whether it was found; where not, the draft chain holds `fallback` tokens (>= chain)
+    and the lookup chain the rest of its slots. With accept_p, each chain token is accepted with
+    that probability instead (rng: random.Random)."""
     t = rounds = 0  # t: the root's index in the answer
     while t < len(answer) - 1:
         truth = answer[t + 1 :]
+        length = chain if found[t] else fallback
         if accept_p is None:
-            drafted = leading_matches(draft_top1[t, :chain], truth)
+            drafted = leading_matches(draft_top1[t, :length], truth)
         else:
             drafted = 0
-            while drafted < min(chain, len(truth)) and rng.random() < accept_p:
+            while drafted < min(length, len(truth)) and rng.random() < accept_p:
                 drafted += 1
-        t += max(drafted, leading_matches(lookups[t], truth)) + 1
+        looked_up = lookups[t, : lookups.shape[1] - (length - chain)]
+        t += max(drafted, leading_matches(looked_up, truth)) + 1
         rounds += 1
     return rounds
 
 
-def parse_chains(text: str, ttt_steps: int) -> list[tuple[int, int]]:
-    """'1/3,3/4' -> [(1, 3), (3, 4)]: draft chain tokens / lookup tokens."""
+def parse_chains(text: str, ttt_steps: int) -> list[tuple[int, int, int]]:
+    """'1/3,1/3/3' -> [(1, 3, 1), (1, 3, 3)]: draft chain tokens / lookup tokens [/ draft chain tokens
+    where nothing is looked up, default the first]."""
     try:
         chains = [tuple(int(x) for x in item.split("/")) for item in text.split(",")]
     except ValueError:
         chains = []
-    if not chains or any(len(c) != 2 or not 1 <= c[0] <= ttt_steps or c[1] < 0 for c in chains):
-        raise SystemExit(f"--chains wants C/L,... with 1 <= C <= --ttt-steps ({ttt_steps}) and L >= 0, got {text!r}")
+    chains = [c + c[:1] if len(c) == 2 else c for c in chains]
+    if not chains or any(len(c) != 3 or not 1 <= c[0] <= c[2] <= min(ttt_steps, c[0] + c[1]) or c[1] < 0 for c in chains):
+        raise SystemExit(
+            f"--chains wants C/L[/F],... with 1 <= C <= F <= C + L, F <= --ttt-steps ({ttt_steps}) and L >= 0, got {text!r}"
+        )
     return chains
 
 
@@ -94,7 +105,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--head", default=None, help="draft head directory (default: the shipped head)")
-    parser.add_argument("--chains", default="1/0,1/3,2/3,3/4", help="trees to simulate: draft chain tokens / lookup tokens, ...")
+    parser.add_argument("--chains", default="1/0,1/3,1/3/3,2/3,2/3/3,3/4", help=(
+        "trees to simulate: draft chain tokens / lookup tokens [/ draft chain tokens where nothing is looked up], ..."))
     parser.add_argument("--acceptance", default="0.4,0.5,0.6,0.7,0.8,0.9", help="hypothetical per-token acceptance rates")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -126,9 +138,9 @@ def main() -> None:
         tops = [draft_to_target_ids(dparams, dcfg, jax.lax.top_k(s.logits, TOP)[1]) for s in steps]
         return jnp.argmax(target_model.lm_head(params, feats.hidden), -1), tops
 
-    max_lookup = max(lookup for _, lookup in chains)
+    max_lookup = max(lookup for _, lookup, _ in chains)
     counts = np.zeros((args.ttt_steps, 3), np.int64)  # top-1 hits, top-4 hits, predicted tokens
-    in_vocab_count = answer_tokens = 0
+    in_vocab_count = answer_tokens = roots_not_found = 0
     rounds_inputs = []  # per prompt: answer, draft top-1 per root (A, steps), lookup chain per root (A, L)
     for prompt, answer in zip(prompts, answers):
         seq = np.asarray(prompt + answer.tolist(), np.int32)[None]
@@ -144,25 +156,30 @@ def main() -> None:
         roots = len(prompt) + np.arange(len(answer))  # the root answer[t] sits at position P + t
         draft_top1 = np.stack([np.asarray(top)[0, roots - 1, 0] for top in tops], axis=1)
         history = jnp.broadcast_to(jnp.asarray(seq), (len(answer), seq.shape[1]))  # nothing past the root is read
-        lookups = np.asarray(lookup_proposals(history, jnp.asarray(roots + 1, jnp.int32), max_lookup)) if max_lookup else np.zeros((len(answer), 0), int)
-        rounds_inputs.append((answer.tolist(), draft_top1, lookups))
-    emitted = sum(len(answer) - 1 for answer, _, _ in rounds_inputs)
+        lookups, found = lookup_proposals(history, jnp.asarray(roots + 1, jnp.int32), max(max_lookup, 1))
+        roots_not_found += int((~np.asarray(found)[:-1]).sum())  # the roots of a round: all but the last token
+        rounds_inputs.append((answer.tolist(), draft_top1, np.asarray(lookups)[:, :max_lookup], np.asarray(found)))
+    emitted = sum(len(inputs[0]) - 1 for inputs in rounds_inputs)
 
-    def tau(chain: int, lookup: int, accept_p: float | None = None) -> float:
+    def tau(chain: int, lookup: int, fallback: int, accept_p: float | None = None) -> float:
         rng = random.Random(0)
-        rounds = sum(chain_rounds(a, d, lk[:, :lookup], chain, accept_p, rng) for a, d, lk in rounds_inputs)
+        rounds = sum(chain_rounds(a, d, lk[:, :lookup], f, chain, fallback, accept_p, rng) for a, d, lk, f in rounds_inputs)
         return round(emitted / max(rounds, 1), 3)
 
     simulated = {
-        f"{chain}/{lookup}": {"this_head": tau(chain, lookup), "acceptance": {str(p): tau(chain, lookup, p) for p in rates}}
-        for chain, lookup in chains
+        f"{c}/{lookup}" + (f"/{fallback}" if fallback > c else ""): {
+            "this_head": tau(c, lookup, fallback), "acceptance": {str(p): tau(c, lookup, fallback, p) for p in rates}
+        }
+        for c, lookup, fallback in chains
     }
     result = {
         "top1_per_ttt_step": [round(float(c[0] / c[2]), 4) for c in counts],
         f"top{TOP}_per_ttt_step": [round(float(c[1] / c[2]), 4) for c in counts],
         "answer_tokens_in_draft_vocab": round(in_vocab_count / answer_tokens, 4),
+        # roots (every answer token but the last) that never occurred earlier: nothing to look up
+        "roots_with_nothing_to_look_up": round(roots_not_found / max(answer_tokens - len(prompts), 1), 4),
         "answer_tokens": answer_tokens,
-        "greedy_tau_of_chain_trees": simulated,  # "C/L": C drafted + L looked-up tokens under the root
+        "greedy_tau_of_chain_trees": simulated,  # "C/L[/F]": C drafted + L looked-up tokens under the root, F drafted where nothing is
         "config": {"model": DEFAULT_MODEL, "head": os.path.relpath(head), "prompts": args.prompts,
                    "limit": args.limit, "max_new_tokens": args.max_new_tokens},
         "machine": describe_machine(),

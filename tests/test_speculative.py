@@ -52,6 +52,7 @@ def run_both(dcfg, dparams, tree, prompts=PROMPTS, params=PARAMS, cfg=CFG, **kw)
         ("eagle1", TreeConfig(2, 2, 6, "static")),
         ("eagle3", TreeConfig(3, 2, 8, lookup=5)),
         ("eagle3-norm_output", TreeConfig(2, 1, 3, lookup=2)),
+        ("eagle3", TreeConfig(2, 3, 3, lookup=3)),  # rows where nothing is looked up draft 5 nodes
     ],
 )
 def test_greedy_speculative_equals_greedy_plain(head_name, tree):
@@ -115,6 +116,17 @@ def test_lookup_chain_is_accepted_past_the_drafted_depth_on_repeating_text():
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
     assert (spec.accept_histogram[:, 6] == spec.rounds).all()  # every round accepts the whole chain
     assert (spec.rounds == (36 - 1) // 7).all()  # the first token comes from the prefill, then 7 a round
+
+
+def test_rows_with_nothing_to_look_up_draft_the_chains_slots():
+    """Where the root token never occurred before, the lookup's slots hold drafted nodes: with the
+    perfect head, 1 drafted + 3 slots accept 4 tokens a round on text that does not repeat."""
+    cfg, params, dcfg, dparams = bigram_target_and_perfect_eagle1()
+    tree = TreeConfig(1, 3, 2, lookup=3)
+    prompts = pad_prompts([[0, 1, 2, 3]], multiple=8)  # the answer 4, 5, ..., 14 never repeats
+    ar, spec = run_both(dcfg, dparams, tree, prompts=prompts, params=params, cfg=cfg, max_new_tokens=11, cache_len=64)
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    assert spec.rounds[0] == 2 and spec.accept_histogram[0, 4] == 2  # the prefill's token, then 5 a round
 
 
 def test_cache_that_fills_up_stops_like_plain_decoding():
@@ -209,6 +221,7 @@ def chi_square_p(counts, probs, min_expected=5.0):
         (SamplingConfig(temperature=1.0), TreeConfig(3, 1, 7)),
         (SamplingConfig(temperature=0.7, top_p=0.9), TreeConfig(3, 1, 7)),
         (SamplingConfig(temperature=1.0), TreeConfig(2, 1, 4, lookup=2)),  # looked-up siblings and a deeper chain
+        (SamplingConfig(temperature=1.0), TreeConfig(2, 2, 2, lookup=2)),  # drafted nodes where nothing is looked up
     ],
 )
 def test_speculative_sampling_follows_the_target_distribution(sampling, tree):

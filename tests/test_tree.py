@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from eagle_jax.accept import accept_greedy, children_table
 from eagle_jax.errors import EagleError
 from eagle_jax.lookup import lookup_proposals
-from eagle_jax.tree import TreeConfig, add_lookup_chain, expand_tree, grow_pool, select_nodes
+from eagle_jax.tree import TreeConfig, expand_tree, grow_pool, select_nodes
 
 VOCAB = 12
 
@@ -31,10 +31,12 @@ def table_draft(table):
 
 
 @functools.partial(jax.jit, static_argnums=0)  # one compile per tree shape, not one per operation
-def build(tree: TreeConfig, table, roots):
+def build(tree: TreeConfig, table, roots, chain=None, found=None):
+    """The tree for roots (B,); with tree.lookup, the looked-up chain (B, L) and whether it was found (B,)."""
     b = roots.shape[0]
     root_lp = jax.nn.log_softmax(table[roots], axis=-1)
-    return expand_tree(tree, roots, root_lp, jnp.zeros((b, 4)), table_draft(table), None, lambda ids: ids)
+    looked_up = (chain, found) if tree.lookup else None
+    return expand_tree(tree, roots, root_lp, jnp.zeros((b, 4)), table_draft(table), None, lambda ids: ids, looked_up)
 
 
 trees = st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(2, 40), st.sampled_from(["dynamic", "static"])).filter(
@@ -42,19 +44,24 @@ trees = st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(2, 40), st.s
 )
 
 
-@settings(max_examples=25, deadline=None)
-@given(tree_args=trees, lookup=st.integers(0, 5), seed=st.integers(0, 2**16))
-def test_tree_structure_invariants(tree_args, lookup, seed):
-    k, depth, drafted, scoring = tree_args
-    tree = TreeConfig(k, depth, drafted, scoring, lookup=lookup)
+founds = st.sampled_from([(True, True, True), (True, False, True), (False, False, False)])  # per row: a lookup was found
+
+
+def random_tree(tree: TreeConfig, found, seed):
+    """A random draft table (VOCAB, VOCAB), 3 roots, a random looked-up chain (3, lookup) and the tree built from them."""
     rng = np.random.default_rng(seed)
     table = jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * 3, jnp.float32)
     roots = jnp.asarray(rng.integers(0, VOCAB, size=3), jnp.int32)
-    t = build(tree, table, roots)
-    chain = rng.integers(0, VOCAB, size=(3, lookup))
-    if lookup:
-        t = add_lookup_chain(tree, t, jnp.asarray(chain, jnp.int32))
-    t = jax.tree.map(np.asarray, t)
+    chain = rng.integers(0, VOCAB, size=(3, tree.lookup))
+    return table, roots, chain, jax.tree.map(np.asarray, build(tree, table, roots, jnp.asarray(chain, jnp.int32), jnp.asarray(found)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree_args=trees, lookup=st.integers(0, 5), found=founds, seed=st.integers(0, 2**16))
+def test_tree_structure_invariants(tree_args, lookup, found, seed):
+    k, depth, drafted, scoring = tree_args
+    tree = TreeConfig(k, depth, drafted, scoring, lookup=lookup)
+    table, roots, chain, t = random_tree(tree, found, seed)
     nodes = tree.size
     assert t.tokens.shape == (3, nodes) and t.ancestor_mask.shape == (3, nodes, nodes) and t.paths.shape[2] == tree.max_path
     for b in range(3):
@@ -74,9 +81,9 @@ def test_tree_structure_invariants(tree_args, lookup, seed):
             for d in range(1, depths[r] + 1):
                 assert parents[path[d]] == path[d - 1]
         assert depths[1:drafted].max(initial=0) <= depth + 1
-        # the looked-up chain hangs under the root after the drafted nodes, in order
-        np.testing.assert_array_equal(t.tokens[b, drafted:], chain[b])
-        np.testing.assert_array_equal(depths[drafted:], np.arange(1, lookup + 1))
+        if found[b]:  # the looked-up chain hangs under the root after the drafted nodes, in order
+            np.testing.assert_array_equal(t.tokens[b, drafted:], chain[b])
+            np.testing.assert_array_equal(depths[drafted:], np.arange(1, lookup + 1))
         assert all(len([c for c in range(nodes) if parents[c] == r and c > 0]) <= tree.max_children for r in range(nodes))
         # drafted siblings carry distinct tokens (top-k children of one node)
         for r in range(drafted):
@@ -136,6 +143,27 @@ def test_passes_past_the_node_budget_would_keep_no_node(tree_args, seed, peaked)
     jax.tree.map(np.testing.assert_array_equal, build(tree, table, roots), build_from_every_pass(tree, table, roots))
 
 
+@settings(max_examples=25, deadline=None)
+@given(tree_args=trees, lookup=st.integers(1, 5), found=founds, seed=st.integers(0, 2**16))
+def test_rows_without_a_lookup_draft_its_slots(tree_args, lookup, found, seed):
+    """A row whose lookup was found holds the drafted tree of num_nodes and the chain; a row where
+    nothing was found holds the drafted tree of num_nodes + lookup nodes (as many as the pool has,
+    then the chain's first tokens), whichever rows the batch mixes."""
+    k, depth, drafted, scoring = tree_args
+    tree = TreeConfig(k, depth, drafted, scoring, lookup=lookup)
+    table, roots, chain, t = random_tree(tree, found, seed)
+    only_drafted = jax.tree.map(np.asarray, build(TreeConfig(k, depth, drafted, scoring), table, roots))
+    wider = min(tree.size, 1 + tree.pool_size)
+    all_drafted = jax.tree.map(np.asarray, build(TreeConfig(k, depth, wider, scoring), table, roots))
+    for b in range(3):
+        expected = only_drafted if found[b] else all_drafted
+        n = expected.tokens.shape[1]
+        np.testing.assert_array_equal(t.tokens[b, :n], expected.tokens[b])
+        np.testing.assert_array_equal(t.parents[b, :n], expected.parents[b])
+        np.testing.assert_array_equal(t.tokens[b, n:], chain[b, : tree.size - n])
+        np.testing.assert_array_equal(t.parents[b, n:], np.arange(n - 1, tree.size - 1) * (np.arange(tree.size - n) > 0))
+
+
 def test_chain_is_a_single_path():
     tree = TreeConfig.chain(4)
     table = jnp.asarray(np.random.default_rng(0).normal(size=(VOCAB, VOCAB)), jnp.float32)
@@ -174,16 +202,19 @@ def test_lookup_proposals_match_a_direct_search(seed, vocab, num_tokens):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 20, size=4)
     history = rng.integers(0, vocab, size=(4, 24))  # past each row's length: junk that must be ignored
-    got = np.asarray(lookup_proposals(jnp.asarray(history, jnp.int32), jnp.asarray(lengths, jnp.int32), num_tokens))
+    got, found = lookup_proposals(jnp.asarray(history, jnp.int32), jnp.asarray(lengths, jnp.int32), num_tokens)
     for b in range(4):
-        assert got[b].tolist() == naive_lookup(history[b, : lengths[b]].tolist(), num_tokens, max_ngram=3)
+        known = history[b, : lengths[b]].tolist()
+        assert np.asarray(got)[b].tolist() == naive_lookup(known, num_tokens, max_ngram=3)
+        assert bool(found[b]) == (known[-1] in known[:-1])
 
 
 def test_lookup_continues_a_repeating_line():
     line = [5, 6, 7, 8]
     history = jnp.asarray([[1, 2] + line * 2 + [5, 6]], jnp.int32)
-    got = lookup_proposals(history, jnp.asarray([12], jnp.int32), 7)
+    got, found = lookup_proposals(history, jnp.asarray([12], jnp.int32), 7)
     np.testing.assert_array_equal(np.asarray(got)[0], [7, 8, 5, 6, 7, 8, 5])
+    assert bool(found[0])
 
 
 @pytest.mark.parametrize(
@@ -209,21 +240,25 @@ def test_chain_rounds_replays_greedy_acceptance():
     answer = [10, 11, 12, 13, 14]  # answer[0] comes from the prefill: 4 tokens to emit
     draft_top1 = np.array([[11, 12], [0, 0], [0, 0], [14, 0], [0, 0]])  # per root: the head's top-1 per step
     lookups = np.array([[11, 99], [0, 0], [0, 0], [0, 0], [0, 0]])
+    found = np.ones(5, bool)
+    rounds = functools.partial(script.chain_rounds, answer)
     # root 10: chain 11, 12 both right (the lookup only 11) -> 2 accepted + bonus 13; root 13: chain 14, the end
-    assert script.chain_rounds(answer, draft_top1, lookups, chain=2) == 2
+    assert rounds(draft_top1, lookups, found, chain=2, fallback=2) == 2
     # a chain of 1: root 10 accepts 11 (+ bonus 12), root 12 nothing (+ bonus 13), root 13 accepts 14
-    assert script.chain_rounds(answer, draft_top1, lookups, chain=1) == 3
+    assert rounds(draft_top1, lookups, found, chain=1, fallback=1) == 3
+    # where root 10's lookup found nothing, its chain of 1 drafts 2: 11, 12 accepted, then root 13 as before
+    assert rounds(draft_top1, lookups, np.array([False] + [True] * 4), chain=1, fallback=2) == 2
     # lookups alone (nothing drafted right): root 10 takes 11 from the lookup, then one token a round
-    assert script.chain_rounds(answer, np.zeros((5, 2), int), lookups, chain=2) == 3
+    assert rounds(np.zeros((5, 2), int), lookups, found, chain=2, fallback=2) == 3
     # hypothetical heads: always right -> (chain + 1) tokens a round; never right, no lookup -> 1
     no_lookup = np.zeros((5, 0), int)
-    assert script.chain_rounds(answer, draft_top1, no_lookup, chain=2, accept_p=1.0, rng=random.Random(0)) == 2
-    assert script.chain_rounds(answer, draft_top1, no_lookup, chain=2, accept_p=0.0, rng=random.Random(0)) == 4
+    assert rounds(draft_top1, no_lookup, found, chain=2, fallback=2, accept_p=1.0, rng=random.Random(0)) == 2
+    assert rounds(draft_top1, no_lookup, found, chain=2, fallback=2, accept_p=0.0, rng=random.Random(0)) == 4
 
 
-def test_parse_chains_rejects_chains_past_the_ttt_steps():
+def test_parse_chains_rejects_chains_past_the_ttt_steps_or_the_budget():
     script = _draft_agreement_script()
-    assert script.parse_chains("1/0,3/4", ttt_steps=3) == [(1, 0), (3, 4)]
-    for bad in ("4/1", "0/3", "1", "a/b", "1/-1"):
+    assert script.parse_chains("1/0,3/4,1/3/3", ttt_steps=3) == [(1, 0, 1), (3, 4, 3), (1, 3, 3)]
+    for bad in ("4/1", "0/3", "1", "a/b", "1/-1", "1/3/4", "2/3/1", "1/1/3", "1/2/3/4"):
         with pytest.raises(SystemExit, match="--chains"):
             script.parse_chains(bad, ttt_steps=3)
