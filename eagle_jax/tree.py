@@ -58,9 +58,13 @@ class TreeConfig:
         """A single path of `length` draft tokens."""
         return cls(top_k=1, depth=length - 1, num_nodes=length + 1)
 
+    def pool_entries(self, passes: int) -> int:
+        """Drafted candidates after the first level and `passes` expansion passes."""
+        return self.top_k + passes * self.top_k**2
+
     @property
     def pool_size(self) -> int:
-        return self.top_k + self.depth * self.top_k**2
+        return self.pool_entries(self.depth)
 
     @property
     def effective_depth(self) -> int:
@@ -130,7 +134,7 @@ def expand_tree(
     if tree.effective_depth == tree.found_depth:
         pool = grow(tree.effective_depth)
     else:  # the passes only rows without a lookup can use run when there is such a row
-        entries = tree.top_k + tree.effective_depth * tree.top_k**2
+        entries = tree.pool_entries(tree.effective_depth)
         pool = jax.lax.cond(jnp.all(found), lambda: pad_pool(grow(tree.found_depth), entries), lambda: grow(tree.effective_depth))
     return select_nodes(tree, root_tokens, *with_lookup_chain(*pool, proposals, found))
 
@@ -171,8 +175,7 @@ def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_h
 
 def pad_pool(pool, entries: int):
     """The pool (scores, tokens, parents), each (B, n), padded to `entries` with entries scored below all."""
-    scores, tokens, parents = (jnp.pad(x, ((0, 0), (0, entries - x.shape[1])), constant_values=c) for x, c in zip(pool, (UNFOUND, 0, -1)))
-    return scores, tokens, parents
+    return tuple(jnp.pad(x, ((0, 0), (0, entries - x.shape[1])), constant_values=c) for x, c in zip(pool, (UNFOUND, 0, -1)))
 
 
 def with_lookup_chain(pool_scores, pool_tokens, pool_parents, proposals, found):

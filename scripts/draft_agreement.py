@@ -16,9 +16,10 @@ chain token counts only after its ancestors were accepted) and the lookup chain 
 `eagle_jax.lookup.lookup_proposals` on the context so far. Where it found nothing, the tree's
 rerank gives the lookup's slots to drafted nodes as far as its depth reaches: `--chains C/L/F`
 replays the tree top_k 1, depth F - 1, num_nodes C + 1, lookup L, whose chain holds F drafted
-tokens there (C/L: F = C). `--chains` gives the tau of those trees with this head, and with hypothetical heads whose every chain token is accepted with
-probability p (`--acceptance`, independently; the lookup as it is). No timing: verify cost per tree
-is `scripts/profile_round.py`'s, speedup `eagle-jax bench`'s.
+tokens there (C/L: F = C). `--chains` gives the tau of those trees with this head, and with
+hypothetical heads whose every chain token is accepted with probability p (`--acceptance`,
+independently; the lookup as it is). No timing: verify cost per tree is `scripts/profile_round.py`'s,
+speedup `eagle-jax bench`'s.
 """
 
 from __future__ import annotations
