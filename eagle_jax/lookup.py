@@ -18,8 +18,8 @@ MAX_NGRAM = 3  # the longest suffix looked up; shorter ones are tried when it do
 
 
 def lookup_proposals(history: jax.Array, lengths: jax.Array, num_tokens: int, max_ngram: int = MAX_NGRAM) -> tuple[jax.Array, jax.Array]:
-    """(B, num_tokens) int32 tokens to follow each row's known history, and (B,) bool: whether the
-    row's last token occurred before at all (where it did not, the proposal is a guess).
+    """(B, num_tokens) int32 tokens to follow each row's known history, and (B,) int32 the length of
+    the suffix matched, 0 where the row's last token never occurred before (the proposal is a guess).
 
     history: (B, S) int32 tokens by position, the first lengths[b] of row b known (the last one is
     the tree's root); lengths: (B,) int32, >= 1. The suffix of the longest length n <= max_ngram that
@@ -41,7 +41,7 @@ def lookup_proposals(history: jax.Array, lengths: jax.Array, num_tokens: int, ma
     candidate = (positions < last) & (matched > 0)  # an earlier occurrence, not the suffix itself
     score = jnp.where(candidate, matched * s + positions, -1)  # longest suffix first, then latest
     best = jnp.argmax(score, axis=1).astype(jnp.int32)[:, None]  # (B, 1)
-    found = jnp.max(score, axis=1) >= 0  # (B,)
-    distance = jnp.where(found[:, None], last - best, 1)
+    match_length = jnp.take_along_axis(jnp.where(candidate, matched, 0), best, axis=1)[:, 0]  # (B,)
+    distance = jnp.where(match_length[:, None] > 0, last - best, 1)
     offsets = jnp.arange(num_tokens, dtype=jnp.int32)[None, :] % distance  # (B, L)
-    return jnp.take_along_axis(history, last + 1 - distance + offsets, axis=1), found
+    return jnp.take_along_axis(history, last + 1 - distance + offsets, axis=1), match_length

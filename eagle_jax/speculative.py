@@ -78,7 +78,10 @@ def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.
 
     to_target = lambda ids: draft_to_target_ids(dparams, dcfg, ids)  # noqa: E731
     # the draft's context cache holds one entry per target position: the root is at its length
-    looked_up = lookup_proposals(history, cache.lengths + 1, tree.lookup) if tree.lookup else None
+    looked_up = None
+    if tree.lookup:
+        proposals, match_length = lookup_proposals(history, cache.lengths + 1, tree.lookup)
+        looked_up = proposals, match_length > 0
     return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target, looked_up)
 
 

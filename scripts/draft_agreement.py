@@ -18,7 +18,10 @@ rerank gives the lookup's slots to drafted nodes as far as its depth reaches: `-
 replays the tree top_k 1, depth F - 1, num_nodes C + 1, lookup L, whose chain holds F drafted
 tokens there (C/L: F = C). `--chains` gives the tau of those trees with this head, and with
 hypothetical heads whose every chain token is accepted with probability p (`--acceptance`,
-independently; the lookup as it is). No timing: verify cost per tree is `scripts/profile_round.py`'s,
+independently; the lookup as it is), and for C/L/F trees the tau if lookups that match fewer than
+m suffix tokens counted as not found (`this_head_by_min_match`). Per match length of the root's
+lookup (0: nothing found), the output also gives the share of roots and how many tokens the
+draft chain and the lookup chain get right there. No timing: verify cost per tree is `scripts/profile_round.py`'s,
 speedup `eagle-jax bench`'s.
 """
 
@@ -44,7 +47,7 @@ from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.prompts import load_prompts, messages_for_turn
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
-from eagle_jax.lookup import lookup_proposals
+from eagle_jax.lookup import MAX_NGRAM, lookup_proposals
 from eagle_jax.train.features import compute_target_features
 from eagle_jax.train.ttt import unroll
 
@@ -142,6 +145,7 @@ def main() -> None:
     max_lookup = max(lookup for _, lookup, _ in chains)
     counts = np.zeros((args.ttt_steps, 3), np.int64)  # top-1 hits, top-4 hits, predicted tokens
     in_vocab_count = answer_tokens = roots_not_found = 0
+    by_match = np.zeros((MAX_NGRAM + 1, 3), np.int64)  # per lookup match length: roots, draft chain tokens right, lookup tokens right
     rounds_inputs = []  # per prompt: answer, draft top-1 per root (A, steps), lookup chain per root (A, L)
     for prompt, answer in zip(prompts, answers):
         seq = np.asarray(prompt + answer.tolist(), np.int32)[None]
@@ -157,19 +161,24 @@ def main() -> None:
         roots = len(prompt) + np.arange(len(answer))  # the root answer[t] sits at position P + t
         draft_top1 = np.stack([np.asarray(top)[0, roots - 1, 0] for top in tops], axis=1)
         history = jnp.broadcast_to(jnp.asarray(seq), (len(answer), seq.shape[1]))  # nothing past the root is read
-        lookups, found = lookup_proposals(history, jnp.asarray(roots + 1, jnp.int32), max(max_lookup, 1))
-        roots_not_found += int((~np.asarray(found)[:-1]).sum())  # the roots of a round: all but the last token
-        rounds_inputs.append((answer.tolist(), draft_top1, np.asarray(lookups)[:, :max_lookup], np.asarray(found)))
+        lookups, match_length = (np.asarray(x) for x in lookup_proposals(history, jnp.asarray(roots + 1, jnp.int32), max(max_lookup, 1)))
+        roots_not_found += int((match_length[:-1] == 0).sum())  # the roots of a round: all but the last token
+        for t in range(len(answer) - 1):
+            truth = answer[t + 1 :].tolist()
+            by_match[match_length[t]] += [1, leading_matches(draft_top1[t], truth), leading_matches(lookups[t, :max_lookup], truth)]
+        rounds_inputs.append((answer.tolist(), draft_top1, lookups[:, :max_lookup], match_length))
     emitted = sum(len(inputs[0]) - 1 for inputs in rounds_inputs)
 
-    def tau(chain: int, lookup: int, fallback: int, accept_p: float | None = None) -> float:
+    def tau(chain: int, lookup: int, fallback: int, accept_p: float | None = None, min_match: int = 1) -> float:
         rng = random.Random(0)
-        rounds = sum(chain_rounds(a, d, lk[:, :lookup], f, chain, fallback, accept_p, rng) for a, d, lk, f in rounds_inputs)
+        rounds = sum(chain_rounds(a, d, lk[:, :lookup], m >= min_match, chain, fallback, accept_p, rng) for a, d, lk, m in rounds_inputs)
         return round(emitted / max(rounds, 1), 3)
 
     simulated = {
         f"{c}/{lookup}" + (f"/{fallback}" if fallback > c else ""): {
-            "this_head": tau(c, lookup, fallback), "acceptance": {str(p): tau(c, lookup, fallback, p) for p in rates}
+            "this_head": tau(c, lookup, fallback), "acceptance": {str(p): tau(c, lookup, fallback, p) for p in rates},
+            # lookups matching fewer than m tokens treated as not found: their slots drafted
+            **({"this_head_by_min_match": {str(m): tau(c, lookup, fallback, min_match=m) for m in range(2, MAX_NGRAM + 1)}} if fallback > c else {}),
         }
         for c, lookup, fallback in chains
     }
@@ -180,6 +189,11 @@ def main() -> None:
         # roots (every answer token but the last) that never occurred earlier: nothing to look up
         "roots_with_nothing_to_look_up": round(roots_not_found / max(answer_tokens - len(prompts), 1), 4),
         "answer_tokens": answer_tokens,
+        # per match length of the root's lookup (0: nothing found): its share of the roots and the
+        # mean tokens right from the start of the draft chain (--ttt-steps) and of the lookup chain
+        "by_lookup_match_length": {str(n): {"roots": round(float(r / by_match[:, 0].sum()), 4), "draft_tokens_right": round(float(d / max(r, 1)), 3),
+                                            f"lookup_tokens_right_of_{max_lookup}": round(float(lk / max(r, 1)), 3)}
+                                   for n, (r, d, lk) in enumerate(by_match)},
         "greedy_tau_of_chain_trees": simulated,  # "C/L[/F]": C drafted + L looked-up tokens under the root, F drafted where nothing is
         "config": {"model": DEFAULT_MODEL, "head": os.path.relpath(head), "prompts": args.prompts,
                    "limit": args.limit, "max_new_tokens": args.max_new_tokens},

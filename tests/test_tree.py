@@ -184,16 +184,17 @@ def test_children_table_orders_siblings_by_node_index():
     np.testing.assert_array_equal(np.asarray(children_table(parents, 3)), [[1, 2, -1], [3, 4, -1], [5, -1, -1], [6, -1, -1], [-1] * 3, [-1] * 3, [-1] * 3])
 
 
-def naive_lookup(history: list[int], num_tokens: int, max_ngram: int) -> list[int]:
+def naive_lookup(history: list[int], num_tokens: int, max_ngram: int) -> tuple[list[int], int]:
     """The longest recurring suffix (<= max_ngram), its latest earlier occurrence, what followed it,
-    continued with the period of that distance; the last token repeated when nothing recurs."""
+    continued with the period of that distance, and the suffix's length; the last token repeated
+    and 0 when nothing recurs."""
     last = len(history) - 1
     for n in range(min(max_ngram, len(history)), 0, -1):
         for j in range(last - 1, n - 2, -1):
             if history[j - n + 1 : j + 1] == history[last - n + 1 :]:
                 d = last - j
-                return [history[j + 1 + i % d] for i in range(num_tokens)]
-    return [history[last]] * num_tokens
+                return [history[j + 1 + i % d] for i in range(num_tokens)], n
+    return [history[last]] * num_tokens, 0
 
 
 @settings(max_examples=40, deadline=None)
@@ -202,19 +203,19 @@ def test_lookup_proposals_match_a_direct_search(seed, vocab, num_tokens):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 20, size=4)
     history = rng.integers(0, vocab, size=(4, 24))  # past each row's length: junk that must be ignored
-    got, found = lookup_proposals(jnp.asarray(history, jnp.int32), jnp.asarray(lengths, jnp.int32), num_tokens)
+    got, match_length = lookup_proposals(jnp.asarray(history, jnp.int32), jnp.asarray(lengths, jnp.int32), num_tokens)
     for b in range(4):
         known = history[b, : lengths[b]].tolist()
-        assert np.asarray(got)[b].tolist() == naive_lookup(known, num_tokens, max_ngram=3)
-        assert bool(found[b]) == (known[-1] in known[:-1])
+        assert (np.asarray(got)[b].tolist(), int(match_length[b])) == naive_lookup(known, num_tokens, max_ngram=3)
+        assert (int(match_length[b]) > 0) == (known[-1] in known[:-1])
 
 
 def test_lookup_continues_a_repeating_line():
     line = [5, 6, 7, 8]
     history = jnp.asarray([[1, 2] + line * 2 + [5, 6]], jnp.int32)
-    got, found = lookup_proposals(history, jnp.asarray([12], jnp.int32), 7)
+    got, match_length = lookup_proposals(history, jnp.asarray([12], jnp.int32), 7)
     np.testing.assert_array_equal(np.asarray(got)[0], [7, 8, 5, 6, 7, 8, 5])
-    assert bool(found[0])
+    assert int(match_length[0]) == 3  # the suffix 8 5 6 recurs 4 tokens back
 
 
 @pytest.mark.parametrize(
