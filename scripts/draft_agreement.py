@@ -21,8 +21,8 @@ hypothetical heads whose every chain token is accepted with probability p (`--ac
 independently; the lookup as it is), and for C/L/F trees the tau if lookups that match fewer than
 m suffix tokens counted as not found (`this_head_by_min_match`). Per match length of the root's
 lookup (0: nothing found), the output also gives the share of roots and how many tokens the
-draft chain and the lookup chain get right there. No timing: verify cost per tree is `scripts/profile_round.py`'s,
-speedup `eagle-jax bench`'s.
+draft chain and the lookup chain get right there. No timing: verify cost per tree is
+`scripts/profile_round.py`'s, speedup `eagle-jax bench`'s.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def main() -> None:
 
     max_lookup = max(lookup for _, lookup, _ in chains)
     counts = np.zeros((args.ttt_steps, 3), np.int64)  # top-1 hits, top-4 hits, predicted tokens
-    in_vocab_count = answer_tokens = roots_not_found = 0
+    in_vocab_count = answer_tokens = 0
     by_match = np.zeros((MAX_NGRAM + 1, 3), np.int64)  # per lookup match length: roots, draft chain tokens right, lookup tokens right
     rounds_inputs = []  # per prompt: answer, draft top-1 per root (A, steps), lookup chain per root (A, L)
     for prompt, answer in zip(prompts, answers):
@@ -162,8 +162,7 @@ def main() -> None:
         draft_top1 = np.stack([np.asarray(top)[0, roots - 1, 0] for top in tops], axis=1)
         history = jnp.broadcast_to(jnp.asarray(seq), (len(answer), seq.shape[1]))  # nothing past the root is read
         lookups, match_length = (np.asarray(x) for x in lookup_proposals(history, jnp.asarray(roots + 1, jnp.int32), max(max_lookup, 1)))
-        roots_not_found += int((match_length[:-1] == 0).sum())  # the roots of a round: all but the last token
-        for t in range(len(answer) - 1):
+        for t in range(len(answer) - 1):  # the roots of a round: all but the last token
             truth = answer[t + 1 :].tolist()
             by_match[match_length[t]] += [1, leading_matches(draft_top1[t], truth), leading_matches(lookups[t, :max_lookup], truth)]
         rounds_inputs.append((answer.tolist(), draft_top1, lookups[:, :max_lookup], match_length))
@@ -187,11 +186,11 @@ def main() -> None:
         f"top{TOP}_per_ttt_step": [round(float(c[1] / c[2]), 4) for c in counts],
         "answer_tokens_in_draft_vocab": round(in_vocab_count / answer_tokens, 4),
         # roots (every answer token but the last) that never occurred earlier: nothing to look up
-        "roots_with_nothing_to_look_up": round(roots_not_found / max(answer_tokens - len(prompts), 1), 4),
+        "roots_with_nothing_to_look_up": round(float(by_match[0, 0] / max(by_match[:, 0].sum(), 1)), 4),
         "answer_tokens": answer_tokens,
         # per match length of the root's lookup (0: nothing found): its share of the roots and the
         # mean tokens right from the start of the draft chain (--ttt-steps) and of the lookup chain
-        "by_lookup_match_length": {str(n): {"roots": round(float(r / by_match[:, 0].sum()), 4), "draft_tokens_right": round(float(d / max(r, 1)), 3),
+        "by_lookup_match_length": {str(n): {"roots": round(float(r / max(by_match[:, 0].sum(), 1)), 4), "draft_tokens_right": round(float(d / max(r, 1)), 3),
                                             f"lookup_tokens_right_of_{max_lookup}": round(float(lk / max(r, 1)), 3)}
                                    for n, (r, d, lk) in enumerate(by_match)},
         "greedy_tau_of_chain_trees": simulated,  # "C/L[/F]": C drafted + L looked-up tokens under the root, F drafted where nothing is
