@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The shipped default head for SmolLM2-135M-Instruct (eagle_jax/heads/smollm2-135m-instruct):
-# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in six stages.
+# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in seven stages.
 # Stage 1: the first ShareGPT exchanges answered by SmolLM2 itself (self-distillation, greedy, at
 #   most 256 new tokens), 480 steps from scratch. Regeneration is resumable: a stopped run keeps
 #   OUT/regenerated and skips the conversations already answered.
@@ -10,8 +10,9 @@
 # Stage 3: continued from stage 2's head the same way on the next 1500 conversations (2500-3999), 240 steps.
 # Stage 4: continued from stage 3's head on the first exchanges of the next 1600 conversations (4000 on),
 #   answered by SmolLM2 itself again (greedy, at most 192 new tokens), 600 steps, offline features.
-# Stages 5 and 6: each continued from the stage before the same way on the first exchanges of the next
-#   1600 conversations (5600 on, then 7200 on).
+# Stages 5 to 7: each continued from the stage before the same way on the first exchanges of the next
+#   1600 conversations (5600 on, 7200 on, then 8800 on). Stage 7's answers are committed
+#   (data/regenerated/README.md): copy them to "$run/stage7/regenerated/" first to skip regenerating.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run=${1:-runs/default_head}
@@ -32,7 +33,7 @@ mkdir -p "$run"
   --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 80 --save-every 20 --log-every 5 --tau-prompts 4 --no-progress
-self_distilled_stage() {  # START INIT_HEAD OUT: stages 4 to 6
+self_distilled_stage() {  # START INIT_HEAD OUT: stages 4 to 7
   .venv/bin/python scripts/sharegpt_slice.py --start "$1" --count 3000 --first-turn --out "$run/sharegpt_$1.jsonl"
   .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_$1.jsonl" --num-conversations 1600 \
     --regenerate --regen-max-new-tokens 192 --regen-batch-size 32 \
@@ -43,5 +44,6 @@ self_distilled_stage() {  # START INIT_HEAD OUT: stages 4 to 6
 self_distilled_stage 4000 "$run/stage3/draft" "$run/stage4"
 self_distilled_stage 5600 "$run/stage4/draft" "$run/stage5"
 self_distilled_stage 7200 "$run/stage5/draft" "$run/stage6"
+self_distilled_stage 8800 "$run/stage6/draft" "$run/stage7"
 mkdir -p results/head_ablation
 .venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json
