@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,16 +70,27 @@ def many_rows():
         _few_row_form.reset(token)
 
 
-def dense(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
-    """x (..., in) times a weight stored (out, in), as in PyTorch checkpoints: (..., out).
+class InOut(NamedTuple):
+    """A projection transposed to (in, out) (`eagle_jax.model.with_block_copies`), which `dense`
+    multiplies as it is."""
+
+    w: jax.Array  # (in, out)
+
+
+def dense(x: jax.Array, w: jax.Array | InOut, out_dtype=None) -> jax.Array:
+    """x (..., in) times a weight stored (out, in), as in PyTorch checkpoints, or an InOut: (..., out).
 
     On CPU, for a few rows, the product is computed as w @ x^T and transposed back behind an
     optimization barrier. XLA:CPU otherwise folds the transpose into the product and runs the same
     matrix product about twice as slowly for 2-16 rows (`python scripts/bench_dense.py`); with the
     barrier, verifying a block of 2 tokens costs what one decode step does. The rows are padded
     to a multiple of ROW_BLOCK past PAD_ABOVE. Many rows (prefill, training) and other backends
-    take the plain contraction.
+    take the plain contraction. An InOut is multiplied as x @ w: over 2-16 rows XLA:CPU runs that
+    faster still, over one row more slowly (`python scripts/bench_dense.py`), so verify steps
+    multiply by transposed copies (`eagle_jax.model.with_block_copies`), decode steps by the weights.
     """
+    if isinstance(w, InOut):
+        return jnp.einsum("...i,io->...o", x, w.w, preferred_element_type=out_dtype)
     rows = math.prod(x.shape[:-1])
     if rows > FEW_ROWS or not _few_row_form.get() or jax.default_backend() != "cpu":
         return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=out_dtype)

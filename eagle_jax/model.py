@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from eagle_jax.config import ModelConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.kv_cache import KVCache
-from eagle_jax.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
+from eagle_jax.layers import InOut, dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
 
 
 class ForwardOutput(NamedTuple):
@@ -91,6 +91,32 @@ def forward(
     captured = jnp.stack([inputs[i] for i in capture]) if capture else jnp.zeros((0, b, t, cfg.hidden_size), dtype)
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     return ForwardOutput(hidden, captured, jnp.stack(k_new), jnp.stack(v_new))
+
+
+PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def with_block_copies(params: dict) -> dict:
+    """params plus, on CPU, "block_layers": every layer again with its projections as (in, out)
+    copies (`eagle_jax.layers.InOut`), which forwards over blocks of tokens use (`for_blocks`).
+
+    XLA:CPU multiplies 2-16 rows by an (in, out) matrix faster than by the stored (out, in) one,
+    which stays faster for one row (decode steps): with the copies a verify step over 2-8 tokens is
+    1.07-1.19x faster (`python scripts/bench_step_vs_checkout.py`, results/dense_layout). Make them
+    once, where the params are loaded for speculative decoding: they hold the projections' memory
+    again (about 0.4 GB for SmolLM2-135M in float32) and take about 0.2 s on the 2-core CPU; inside a
+    jitted generate they would be remade on every call. Other backends: params unchanged.
+    """
+    if jax.default_backend() != "cpu" or "block_layers" in params:
+        return params
+    copies = [layer | {k: InOut(jnp.array(layer[k].T)) for k in PROJECTIONS} for layer in params["layers"]]
+    return params | {"block_layers": copies}
+
+
+def for_blocks(params: dict) -> dict:
+    """The params a forward over several new tokens (a verify step) runs with: the layers'
+    (in, out) copies where `with_block_copies` made them, else params as they are."""
+    return params | {"layers": params["block_layers"]} if "block_layers" in params else params
 
 
 def lm_head(params: dict, hidden: jax.Array) -> jax.Array:

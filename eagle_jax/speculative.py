@@ -26,7 +26,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.generate_ar import PAD, check_prompt_fits, is_stop, last_valid, prefill
 from eagle_jax.kv_cache import KVCache
 from eagle_jax.lookup import lookup_proposals
-from eagle_jax.model import causal_mask, forward, lm_head, make_cache
+from eagle_jax.model import causal_mask, for_blocks, forward, lm_head, make_cache
 from eagle_jax.sampling import SamplingConfig, sample_tokens
 from eagle_jax.tree import DraftTree, TreeConfig, expand_tree
 
@@ -103,7 +103,8 @@ def generate_spec(
 ) -> SpecOutput:
     """Speculative decoding with an EAGLE head; output equal (greedy) or equal in law (sampling) to
     `generate_ar` with the same arguments. Pure and traceable: jit it with the keyword arguments,
-    cfg and dcfg static (see `generate_spec_jit`), or call it inside your own jitted function."""
+    cfg and dcfg static (see `generate_spec_jit`), or call it inside your own jitted function.
+    On CPU, params from `eagle_jax.model.with_block_copies` verify faster."""
     check_draft(cfg, dcfg, tree)
     b, p = prompt_tokens.shape
     check_prompt_fits(p, cache_len)
@@ -133,11 +134,13 @@ def generate_spec(
         history = jnp.zeros((b, slack + path_len + 1), jnp.int32).at[:, :p].set(prompt_tokens)
         state["history"] = history.at[jnp.arange(b), prompt_lengths].set(root)
 
+    block_params = for_blocks(params)  # the layers' (in, out) copies, where params has them
+
     def round_(s):
         cache, draft, active = s["cache"], s["draft"], ~s["done"]
         t = draft_tree(dparams, dcfg, params, draft, s["root"], tree, attn_impl, s.get("history"))
         verify = forward(
-            params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture, attn_impl=attn_impl
+            block_params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture, attn_impl=attn_impl
         )
         logits = lm_head(params, verify.hidden)  # (B, T, V)
         rng, key = jax.random.split(s["rng"])

@@ -19,6 +19,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.generate_ar import PAD, check_prompt_fits, generate_ar_jit, pad_prompts
 from eagle_jax.infer.bench_policy import tree_for_batch
 from eagle_jax.loading import TargetModel
+from eagle_jax.model import with_block_copies
 from eagle_jax.sampling import SamplingConfig
 from eagle_jax.speculative import check_draft, generate_spec_jit
 from eagle_jax.tree import TreeConfig
@@ -64,8 +65,10 @@ class Engine:
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise EagleError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self._spec_params = None
         if self.draft is not None:
             check_draft(self.target.cfg, self.draft[0], self.tree)
+            self._spec_params = with_block_copies(self.target.params)  # the verify step's layout, made once
         self._compiled = collections.OrderedDict()
 
     def release(self) -> None:
@@ -117,7 +120,7 @@ class Engine:
 
     def _arguments(self, speculative: bool) -> tuple:
         if speculative:
-            return (self.target.params, self.draft[1])
+            return (self._spec_params, self.draft[1])
         return (self.target.params,)
 
     def tree_for(self, batch: int) -> TreeConfig | None:

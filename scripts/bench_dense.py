@@ -1,12 +1,14 @@
-"""Why the target's weights are per-layer (out, in) arrays multiplied by `eagle_jax.layers.dense`.
+"""Why the target's weights are per-layer (out, in) arrays multiplied by `eagle_jax.layers.dense`,
+and why verify steps multiply by (in, out) copies of them (`eagle_jax.model.for_blocks`).
 
     .venv/bin/python scripts/bench_dense.py --out results/dense_layout/cpu.json
 
 The matrix products alone: the default model's seven projections per layer over all its layers,
-for 1-16 rows, written three ways and timed interleaved (median of --reps calls each):
+for 1-16 rows, written four ways and timed interleaved (median of --reps calls each):
   * "stacked_scan_dense": weights stacked (L, out, in), a lax.scan over layers, `dense`;
   * "per_layer_einsum": per-layer (out, in) arrays, a Python loop, the plain contraction;
-  * "per_layer_dense": per-layer arrays through `dense` (its CPU few-row form): what the model runs.
+  * "per_layer_dense": per-layer arrays through `dense` (its CPU few-row form): decode steps;
+  * "per_layer_in_out": per-layer (in, out) copies (`InOut`) through `dense`: verify steps.
 The whole model against an earlier commit: scripts/bench_step_vs_checkout.py.
 """
 
@@ -22,11 +24,11 @@ import numpy as np
 
 from eagle_jax.atomic import write_text_atomic
 from eagle_jax.infer.bench_report import describe_machine
-from eagle_jax.layers import dense
+from eagle_jax.layers import InOut, dense
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL
 
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 5, 6, 8, 12, 16)
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
@@ -54,6 +56,7 @@ def layer_products(p: dict, x, mul):
 def products_part(layers: list[dict], reps: int) -> dict:
     matrices = [{k: layer[k] for k in MATRICES} for layer in layers]
     stacked = {k: jnp.stack([m[k] for m in matrices]) for k in MATRICES}
+    copies = jax.block_until_ready([{k: InOut(jnp.array(m[k].T)) for k in MATRICES} for m in matrices])
 
     def per_layer(mul):
         def run(ms, x):
@@ -69,11 +72,13 @@ def products_part(layers: list[dict], reps: int) -> dict:
         "stacked_scan_dense": jax.jit(scanned),
         "per_layer_einsum": per_layer(lambda x, w: jnp.einsum("...i,oi->...o", x, w)),
         "per_layer_dense": per_layer(dense),
+        "per_layer_in_out": per_layer(dense),
     }
     results = {}
     for rows in ROWS:
         x = jnp.full((rows, matrices[0]["wq"].shape[1]), 0.01, jnp.float32)
-        args = {"stacked_scan_dense": (stacked, x), "per_layer_einsum": (matrices, x), "per_layer_dense": (matrices, x)}
+        args = {"stacked_scan_dense": (stacked, x), "per_layer_einsum": (matrices, x), "per_layer_dense": (matrices, x),
+                "per_layer_in_out": (copies, x)}
         results[rows] = median_ms(fns, args, reps)
         print(f"products, {rows:2d} rows: {results[rows]} ms", flush=True)
     return results

@@ -6,7 +6,7 @@ model, head, tree and prompts.
 
 Each version compiles `generate_spec` for the default model with its shipped head and the drafted
 part of the tuned tree (read from this tree; its lookup chain is left out, since checkouts before
-it have none), greedy, and `generate_ar`; the four are timed interleaved on each prompt
+it have none) or the --tree given, greedy, and `generate_ar`; the four are timed interleaved on each prompt
 (median of --reps calls each, compile excluded). All are lossless, so their tokens must be equal. The prompts are
 the tuning questions (data/sharegpt_tune.jsonl), rendered with the chat template.
 """
@@ -32,17 +32,18 @@ def generate_of(root: str, tree_args: dict, max_new_tokens: int):
     """(speculative generate, plain generate, tokenizer) from the eagle_jax package under `root`;
     each generate(tokens, lengths) returns (tokens (1, max_new_tokens), a count (1,)): the rounds
     for the speculative one, the new tokens for the plain one."""
-    loading, registry, checkpoint, speculative, tree_mod, plain = import_checkout(
+    loading, registry, checkpoint, speculative, tree_mod, plain, model_code = import_checkout(
         root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.speculative", "eagle_jax.tree",
-        "eagle_jax.generate_ar",
+        "eagle_jax.generate_ar", "eagle_jax.model",
     )
     target = loading.load_target(MODEL)
+    spec_params = getattr(model_code, "with_block_copies", lambda p: p)(target.params)  # as the checkout's Engine does
     dcfg, dparams = checkpoint.load_draft(registry.default_head_dir(MODEL), target.cfg)
     tree = tree_mod.TreeConfig(**tree_args)
 
     def generate(tokens, lengths):
         out = speculative.generate_spec_jit(
-            target.params, target.cfg, dparams, dcfg, tokens, lengths, jax.random.key(0),
+            spec_params, target.cfg, dparams, dcfg, tokens, lengths, jax.random.key(0),
             max_new_tokens=max_new_tokens, cache_len=CACHE_LEN, tree=tree, stop_ids=target.stop_ids,
         )
         return out.tokens, out.rounds
@@ -73,11 +74,22 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="how many tuning questions")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--tree", help="top_k/depth/num_nodes[/lookup] (default: the tuned tree without its lookup)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     check_checkout(args.baseline)
-    with open(os.path.join(HERE, "eagle_jax", "heads", MODEL, "tree.json")) as f:
-        tree_args = {k: v for k, v in json.load(f).items() if k in ("top_k", "depth", "num_nodes")}
+    if args.tree:
+        from eagle_jax.errors import EagleError
+        from eagle_jax.infer.bench_policy import parse_trees
+
+        try:
+            (tree,) = parse_trees(args.tree, "--tree")
+        except (EagleError, ValueError) as e:  # a list of several trees unpacks into one with ValueError
+            parser.error(str(e))
+        tree_args = {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes, "lookup": tree.lookup}
+    else:
+        with open(os.path.join(HERE, "eagle_jax", "heads", MODEL, "tree.json")) as f:
+            tree_args = {k: v for k, v in json.load(f).items() if k in ("top_k", "depth", "num_nodes")}
     fns, tokenizer = {}, None
     for version, root in (("baseline", args.baseline), ("this_tree", HERE)):
         spec, plain, tokenizer = generate_of(root, tree_args, args.max_new_tokens)

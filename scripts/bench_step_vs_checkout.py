@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_step_vs_checkout.py --baseline /tmp/baseline --out results/dense_layout/step_vs_adc7bfb.json
 
 The step: forward over T new tokens (T = 1: a decode step; more: a verify block of that many tree
-nodes) with a --cache-slots cache holding --cache-filled tokens (default 512 and 300), then the logits. Both versions load the same model,
+nodes, with the (in, out) copies of `eagle_jax.model.with_block_copies` where the checkout has it) with a --cache-slots cache holding --cache-filled tokens (default 512 and 300), then the logits. Both versions load the same model,
 are compiled first and timed interleaved (median of --reps calls each); their logits must agree to
 1e-4 of their largest magnitude (float32, products in another order).
 """
@@ -71,13 +71,19 @@ def step_of(root: str, model: str, slots: int, filled: int):
     k, v = jax.tree.map(lambda x: x + 0.01, (empty.k, empty.v))  # a stacked array or per-layer arrays
     cache = KVCache(k, v, jnp.full((1,), filled, jnp.int32))
 
+    # A checkout with `with_block_copies` verifies with its (in, out) copies, as its Engine does.
+    same = lambda p: p  # noqa: E731
+    block_params = getattr(model_code, "for_blocks", same)(getattr(model_code, "with_block_copies", same)(target.params))
+
     @jax.jit
-    def step(params, cache, tokens):  # (1, T) new tokens, causal among themselves
+    def step(both, cache, tokens):  # (1, T) new tokens, causal among themselves
+        params, block_params = both
         t = tokens.shape[1]
-        out = forward(params, cfg, tokens, cache.lengths[:, None] + jnp.arange(t)[None], cache, jnp.tril(jnp.ones((1, t, t), bool)))
+        out = forward(block_params if t > 1 else params, cfg, tokens, cache.lengths[:, None] + jnp.arange(t)[None], cache,
+                      jnp.tril(jnp.ones((1, t, t), bool)))
         return lm_head(params, out.hidden)
 
-    return step, target.params, cache
+    return step, (target.params, block_params), cache
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ with a 520-slot cache holding 300 tokens, batch 1, float32:
     its tokens with their logits, greedy acceptance, and the commit (target cache + the draft's pass
     over the accepted tokens);
   * the verify step alone (forward + logits) over T = --verify-tokens new tokens.
+Verify forwards over more than one token multiply by `with_block_copies`' copies, as generate's do.
 Pieces timed apart cost more than inside the compiled loop (no buffer reuse across them): read
 them as shares of a round, not as its total. The whole round: `eagle-jax bench`.
 """
@@ -33,7 +34,7 @@ from eagle_jax.infer.bench_report import describe_machine
 from eagle_jax.kv_cache import KVCache
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
-from eagle_jax.model import forward, lm_head, make_cache
+from eagle_jax.model import for_blocks, forward, lm_head, make_cache, with_block_copies
 from eagle_jax.speculative import DraftState, draft_tree, run_draft_context
 from eagle_jax.tree import TreeConfig
 
@@ -51,8 +52,10 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
     history = jnp.arange(CACHE_SLOTS + tree.max_path + 1, dtype=jnp.int32)[None] % 50  # a repeating text
 
 
-    def verify(params, cache, t):
-        out = forward(params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture)
+    block_params = for_blocks(with_block_copies(params))
+
+    def verify(params, block_params, cache, t):
+        out = forward(block_params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture)
         return out, lm_head(params, out.hidden)
 
     def commit(params, dparams, cache, state, t, out, acc):
@@ -72,11 +75,11 @@ def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root
         "commit_and_draft_context": jax.jit(commit),
     }
     t = fns["draft_tree"](dparams, params, state, root)
-    out, logits = fns["verify_with_logits"](params, cache, t)
+    out, logits = fns["verify_with_logits"](params, block_params, cache, t)
     acc = fns["accept_greedy"](t, logits)
     args = {
         "draft_tree": (dparams, params, state, root),
-        "verify_with_logits": (params, cache, t),
+        "verify_with_logits": (params, block_params, cache, t),
         "accept_greedy": (t, logits),
         "commit_and_draft_context": (params, dparams, cache, state, t, out, acc),
     }
@@ -111,9 +114,9 @@ def main() -> None:
         out = forward(params, cfg, token[:, None], cache.lengths[:, None], cache, jnp.ones((1, 1, 1), bool))
         return jnp.argmax(lm_head(params, out.hidden[:, 0]), -1), cache.write(out.k_new, out.v_new, jnp.ones((1,), jnp.int32))
 
-    def verify_step(params, cache, tokens):  # (1, T) new tokens, causal among themselves
+    def verify_step(params, block_params, cache, tokens):  # (1, T) new tokens, causal among themselves
         t = tokens.shape[1]
-        out = forward(params, cfg, tokens, cache.lengths[:, None] + jnp.arange(t)[None], cache, jnp.tril(jnp.ones((1, t, t), bool)))
+        out = forward(block_params if t > 1 else params, cfg, tokens, cache.lengths[:, None] + jnp.arange(t)[None], cache, jnp.tril(jnp.ones((1, t, t), bool)))
         return lm_head(params, out.hidden)
 
     plain = median_ms({"plain_step": jax.jit(plain_step)}, {"plain_step": (params, cache, root)}, args.reps)["plain_step"]
@@ -125,7 +128,8 @@ def main() -> None:
         print(f"tree {name}: {pieces[name]} ms", flush=True)
     counts = [int(t) for t in args.verify_tokens.split(",")]
     step = jax.jit(verify_step)
-    scan = median_ms({t: step for t in counts}, {t: (params, cache, jnp.full((1, t), 100, jnp.int32)) for t in counts}, args.reps)
+    block_params = for_blocks(with_block_copies(params))
+    scan = median_ms({t: step for t in counts}, {t: (params, block_params, cache, jnp.full((1, t), 100, jnp.int32)) for t in counts}, args.reps)
     print(f"verify step by new tokens: {scan} ms", flush=True)
     result = {
         "plain_step_ms": plain,

@@ -12,7 +12,8 @@ from conftest import tiny_config
 from eagle_jax.draft import DraftConfig, init_draft_params
 from eagle_jax.errors import EagleError
 from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
-from eagle_jax.model import causal_mask, forward, init_params, lm_head
+from eagle_jax.layers import InOut
+from eagle_jax.model import causal_mask, forward, init_params, lm_head, with_block_copies
 from eagle_jax.sampling import SamplingConfig, processed_log_probs
 from eagle_jax.speculative import generate_spec, generate_spec_jit
 from eagle_jax.tree import TreeConfig
@@ -260,9 +261,23 @@ def test_greedy_equality_with_pallas_kernels_in_interpret_mode():
     np.testing.assert_array_equal(ar.tokens, ar_xla.tokens)
 
 
+@pytest.mark.parametrize("tree", [TreeConfig(4, 3, 16), TreeConfig(2, 2, 2, lookup=3)])
+def test_greedy_equality_with_block_copies(tree):
+    """Verify steps multiplying by the (in, out) copies that the Engine passes on CPU, decode steps
+    of plain decoding by the stored weights: the tokens are the same."""
+    params = with_block_copies(PARAMS)
+    assert "block_layers" in params  # the tests run on CPU
+    ar, spec = run_both(*head("eagle3"), tree, params=params, stop_ids=(7,))
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    # the verify steps do read the copies: spoiled copies change what is accepted
+    spoiled = params | {"block_layers": [layer | {"w_down": InOut(0 * layer["w_down"].w)} for layer in params["block_layers"]]}
+    _, wrong = run_both(*head("eagle3"), tree, params=spoiled, stop_ids=(7,))
+    assert (wrong.tokens != ar.tokens).any()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_target, kind):
+@pytest.mark.parametrize("kind, copies", [("eagle1", False), ("eagle3", False), ("eagle3", True)])
+def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_target, kind, copies):
     cfg, params = smollm2_target.cfg, smollm2_target.params
     tok = smollm2_target.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
@@ -272,5 +287,6 @@ def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_targ
     dparams = init_draft_params(jax.random.key(0), dcfg)
     kw = dict(max_new_tokens=24, cache_len=128, stop_ids=smollm2_target.stop_ids)
     ar = generate_ar_jit(params, cfg, *prompts, jax.random.key(0), **kw)
-    spec = generate_spec_jit(params, cfg, dparams, dcfg, *prompts, jax.random.key(0), tree=TreeConfig(4, 3, 12), **kw)
+    spec_params = with_block_copies(params) if copies else params  # as the Engine verifies on CPU
+    spec = generate_spec_jit(spec_params, cfg, dparams, dcfg, *prompts, jax.random.key(0), tree=TreeConfig(4, 3, 12), **kw)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))

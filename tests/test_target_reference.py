@@ -14,14 +14,17 @@ import pytest
 from conftest import FIXTURES
 from eagle_jax.generate_ar import last_valid, prefill
 from eagle_jax.loading import load_target
-from eagle_jax.layers import FEW_ROWS, dense
-from eagle_jax.model import causal_mask, forward, lm_head, make_cache
+from eagle_jax.layers import FEW_ROWS, InOut, dense
+from eagle_jax.model import causal_mask, for_blocks, forward, lm_head, make_cache, with_block_copies
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"]
 
 
+@pytest.mark.parametrize("blocks", [False, True], ids=["stored", "block_copies"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_and_hidden_states_match_transformers(family):
+def test_logits_and_hidden_states_match_transformers(family, blocks):
+    """The forward matches transformers with the weights as loaded and with the (in, out) copies
+    that verify steps multiply by (`with_block_copies`)."""
     directory = os.path.join(FIXTURES, family)
     ref = np.load(os.path.join(directory, "reference.npz"))
     target = load_target(directory, with_tokenizer=False)
@@ -29,7 +32,10 @@ def test_logits_and_hidden_states_match_transformers(family):
     ids = jnp.asarray(ref["input_ids"])
     positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
     layers = tuple(range(cfg.num_layers))
-    out = forward(target.params, cfg, ids, positions, None, causal_mask(jnp.ones(ids.shape, bool)), capture=layers)
+    params = for_blocks(with_block_copies(target.params)) if blocks else target.params
+    if blocks:
+        assert all(isinstance(layer["wq"], InOut) for layer in params["layers"])  # CPU: the copies are used
+    out = forward(params, cfg, ids, positions, None, causal_mask(jnp.ones(ids.shape, bool)), capture=layers)
     logits = lm_head(target.params, out.hidden)
     assert np.abs(np.asarray(logits) - ref["logits"]).max() <= 1e-4
     # one row alone, as in a decode step
@@ -98,3 +104,5 @@ def test_dense_matches_numpy_on_both_paths(rows):
     np.testing.assert_allclose(gw, cotangent[0].T @ x64[0], rtol=1e-4, atol=1e-4)
     batched = jax.vmap(dense, in_axes=(1, None), out_axes=1)(jnp.asarray(x), jnp.asarray(w))
     np.testing.assert_allclose(batched, x64 @ w64.T, rtol=1e-5, atol=1e-5)
+    # an (in, out) copy, as verify steps multiply
+    np.testing.assert_allclose(dense(jnp.asarray(x), InOut(jnp.asarray(w.T))), x64 @ w64.T, rtol=1e-5, atol=1e-5)
