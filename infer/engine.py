@@ -61,14 +61,18 @@ class Engine:
     attn_impl: str = "auto"
     batch_policy: list[dict] | None = None  # measured by `eagle-jax bench --batch-sizes` (bench_policy)
     speculate: bool = True  # False: the head's tuned setting found plain decoding faster (run decodes plainly)
+    # target.params with the verify step's (in, out) copies (`with_block_copies`), made once by the
+    # first engine with a draft and carried over by dataclasses.replace, so engines that differ in
+    # tree or settings share them (remade when the replacement brings another target)
+    spec_params: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise EagleError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        self._spec_params = None
         if self.draft is not None:
             check_draft(self.target.cfg, self.draft[0], self.tree)
-            self._spec_params = with_block_copies(self.target.params)  # the verify step's layout, made once
+            if self.spec_params is None or self.spec_params["layers"] is not self.target.params["layers"]:
+                self.spec_params = with_block_copies(self.target.params)
         self._compiled = collections.OrderedDict()
 
     def release(self) -> None:
@@ -120,7 +124,7 @@ class Engine:
 
     def _arguments(self, speculative: bool) -> tuple:
         if speculative:
-            return (self._spec_params, self.draft[1])
+            return (self.spec_params, self.draft[1])
         return (self.target.params,)
 
     def tree_for(self, batch: int) -> TreeConfig | None:

@@ -1,5 +1,5 @@
 """Why the target's weights are per-layer (out, in) arrays multiplied by `eagle_jax.layers.dense`,
-and why verify steps multiply by (in, out) copies of them (`eagle_jax.model.for_blocks`).
+and why verify steps multiply by (in, out) copies of them (`eagle_jax.model.with_block_copies`).
 
     .venv/bin/python scripts/bench_dense.py --out results/dense_layout/cpu.json
 
@@ -24,9 +24,10 @@ import numpy as np
 
 from eagle_jax.atomic import write_text_atomic
 from eagle_jax.infer.bench_report import describe_machine
-from eagle_jax.layers import InOut, dense
+from eagle_jax.layers import dense
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL
+from eagle_jax.model import with_block_copies
 
 ROWS = (1, 2, 4, 5, 6, 8, 12, 16)
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -56,7 +57,7 @@ def layer_products(p: dict, x, mul):
 def products_part(layers: list[dict], reps: int) -> dict:
     matrices = [{k: layer[k] for k in MATRICES} for layer in layers]
     stacked = {k: jnp.stack([m[k] for m in matrices]) for k in MATRICES}
-    copies = jax.block_until_ready([{k: InOut(jnp.array(m[k].T)) for k in MATRICES} for m in matrices])
+    copies = [{k: layer[k] for k in MATRICES} for layer in with_block_copies({"layers": layers})["block_layers"]]
 
     def per_layer(mul):
         def run(ms, x):

@@ -47,12 +47,9 @@ def filled(cache: KVCache) -> KVCache:
     return KVCache(k, v, jnp.full(cache.lengths.shape, CACHE_FILLED, jnp.int32))
 
 
-def tree_pieces(tree: TreeConfig, cfg, params, dcfg, dparams, cache, state, root, reps: int) -> dict:
+def tree_pieces(tree: TreeConfig, cfg, params, block_params, dcfg, dparams, cache, state, root, reps: int) -> dict:
     capture = dcfg.feature_layers
     history = jnp.arange(CACHE_SLOTS + tree.max_path + 1, dtype=jnp.int32)[None] % 50  # a repeating text
-
-
-    block_params = for_blocks(with_block_copies(params))
 
     def verify(params, block_params, cache, t):
         out = forward(block_params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture)
@@ -104,6 +101,7 @@ def main() -> None:
     target = load_target(DEFAULT_MODEL, with_tokenizer=False)
     cfg, params = target.cfg, target.params
     dcfg, dparams = load_draft(head_dir, cfg)
+    block_params = for_blocks(with_block_copies(params))  # what verify steps multiply by
     cache = filled(make_cache(cfg, 1, CACHE_SLOTS))
     draft_cache = filled(make_draft_cache(dcfg, 1, CACHE_SLOTS))
     log_probs = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (1, dcfg.draft_vocab_size)))
@@ -124,11 +122,10 @@ def main() -> None:
     pieces = {}
     for tree in trees:
         name = f"{tree.top_k}/{tree.depth}/{tree.num_nodes}" + (f"/{tree.lookup}" if tree.lookup else "")
-        pieces[name] = tree_pieces(tree, cfg, params, dcfg, dparams, cache, state, root, args.reps)
+        pieces[name] = tree_pieces(tree, cfg, params, block_params, dcfg, dparams, cache, state, root, args.reps)
         print(f"tree {name}: {pieces[name]} ms", flush=True)
     counts = [int(t) for t in args.verify_tokens.split(",")]
     step = jax.jit(verify_step)
-    block_params = for_blocks(with_block_copies(params))
     scan = median_ms({t: step for t in counts}, {t: (params, block_params, cache, jnp.full((1, t), 100, jnp.int32)) for t in counts}, args.reps)
     print(f"verify step by new tokens: {scan} ms", flush=True)
     result = {

@@ -5,6 +5,7 @@ arithmetic, and one `eagle-jax bench` run through argparse on a tiny random targ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ from eagle_jax.infer import bench_measure, bench_report, cli
 from eagle_jax.infer.bench import load_batch_policy, load_tuned_tree
 from eagle_jax.infer.bench_policy import tuned_speculation_pays
 from eagle_jax.infer.bench_measure import Conversation, PromptRecord, measure_prompts
-from eagle_jax.infer.engine import RunResult
+from eagle_jax.infer.engine import Engine, RunResult
 from eagle_jax.infer.prompts import (
     VARIANTS,
     Prompt,
@@ -410,3 +411,17 @@ def test_engine_keeps_at_most_max_compiled_executables(tiny_model, monkeypatch):
     assert again.compile_s > 0.0 and again.tokens == pair.tokens
     engine.release()
     assert not engine._compiled
+
+
+def test_replaced_engines_share_the_verify_copies_of_their_own_target(tiny_model):
+    """Engines made by dataclasses.replace (bench's tree sweeps) reuse the first engine's
+    `with_block_copies` params; one given another target makes copies of that target's."""
+    load_target, draft = tiny_model
+    target = load_target("tiny")
+    engine = Engine(target, load_draft(draft, target.cfg), TreeConfig(2, 2, 4), max_new_tokens=4)
+    assert engine.spec_params["layers"] is target.params["layers"]
+    assert dataclasses.replace(engine, tree=TreeConfig(3, 2, 6)).spec_params is engine.spec_params
+    other = dataclasses.replace(target, params=init_params(jax.random.key(5), target.cfg, scale=0.3))
+    moved = dataclasses.replace(engine, target=other)
+    assert moved.spec_params["layers"] is other.params["layers"]
+    assert moved.run([[1, 2, 3]]).tokens == Engine(other, engine.draft, engine.tree, max_new_tokens=4).run([[1, 2, 3]]).tokens
