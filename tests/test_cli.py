@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from eagle_jax.infer.cli import main
+from eagle_jax.infer.cli import main, speedup_estimate
+from eagle_jax.infer.engine import RunResult
 
 
 def run_cli(capsys, *argv):
@@ -22,6 +25,31 @@ def assert_one_line_error(code, err, fragment):
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("eagle-jax: error:") and fragment in lines[0], err
+
+
+@dataclasses.dataclass
+class FirstCallSlowEngine:
+    """Decodes max_new_tokens tokens at step_s a token (speculative twice as fast), plus first_call_s
+    on the first call of each (mode, max_new_tokens) program, as XLA:CPU's first calls are slower."""
+
+    draft: object = "head"
+    max_new_tokens: int = 20
+    step_s: float = 0.02
+    first_call_s: float = 1.0
+    called: set = dataclasses.field(default_factory=set)  # shared by dataclasses.replace copies
+
+    def run(self, prompts, speculative=True, seed=0):
+        program = (speculative, self.max_new_tokens)
+        first = program not in self.called
+        self.called.add(program)
+        wall = self.max_new_tokens * self.step_s / (2 if speculative else 1) + (self.first_call_s if first else 0.0)
+        return RunResult([[7] * self.max_new_tokens], wall, 3.0 if first else 0.0, [1], np.zeros((1, 1), np.int32))
+
+
+def test_speedup_estimate_times_calls_after_each_programs_first():
+    engine = FirstCallSlowEngine()
+    engine.run([[1, 2]])  # the answer
+    assert speedup_estimate(engine, [1, 2], seed=0) == pytest.approx(2.0)  # the first calls would give 1.17x
 
 
 def test_unknown_model_name(capsys):
