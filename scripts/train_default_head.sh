@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The shipped default head for SmolLM2-135M-Instruct (eagle_jax/heads/smollm2-135m-instruct):
-# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in seven stages.
+# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in eight stages.
 # Stage 1: the first ShareGPT exchanges answered by SmolLM2 itself (self-distillation, greedy, at
 #   most 256 new tokens), 480 steps from scratch. Regeneration is resumable: a stopped run keeps
 #   OUT/regenerated and skips the conversations already answered.
@@ -10,9 +10,10 @@
 # Stage 3: continued from stage 2's head the same way on the next 1500 conversations (2500-3999), 240 steps.
 # Stage 4: continued from stage 3's head on the first exchanges of the next 1600 conversations (4000 on),
 #   answered by SmolLM2 itself again (greedy, at most 192 new tokens), 600 steps, offline features.
-# Stages 5 to 7: each continued from the stage before the same way on the first exchanges of the next
-#   1600 conversations (5600 on, 7200 on, then 8800 on). Stage 7's answers are committed
-#   (data/regenerated/README.md): copy them to "$run/stage7/regenerated/" first to skip regenerating.
+# Stages 5 to 8: each continued from the stage before the same way on the first exchanges of the next
+#   1600 conversations (5600 on, 7200 on, 8800 on, then 10400 on: the last ends where the tuning
+#   questions begin, at 12000). Stages 7 and 8's answers are committed (data/regenerated/README.md):
+#   copy them to "$run/stage7/regenerated/" and "$run/stage8/regenerated/" first to skip regenerating.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run=${1:-runs/default_head}
@@ -33,8 +34,8 @@ mkdir -p "$run"
   --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 80 --save-every 20 --log-every 5 --tau-prompts 4 --no-progress
-self_distilled_stage() {  # START INIT_HEAD OUT: stages 4 to 7
-  .venv/bin/python scripts/sharegpt_slice.py --start "$1" --count 3000 --first-turn --out "$run/sharegpt_$1.jsonl"
+self_distilled_stage() {  # START INIT_HEAD OUT: stages 4 to 8 (the shipped stages 4-7 wrote --count 3000: the same first 1600)
+  .venv/bin/python scripts/sharegpt_slice.py --start "$1" --count 1600 --first-turn --out "$run/sharegpt_$1.jsonl"
   .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_$1.jsonl" --num-conversations 1600 \
     --regenerate --regen-max-new-tokens 192 --regen-batch-size 32 \
     --init-head "$2" --out "$3" --ttt-steps 3 --seq-len 512 --long-samples split --offline-features \
@@ -45,5 +46,6 @@ self_distilled_stage 4000 "$run/stage3/draft" "$run/stage4"
 self_distilled_stage 5600 "$run/stage4/draft" "$run/stage5"
 self_distilled_stage 7200 "$run/stage5/draft" "$run/stage6"
 self_distilled_stage 8800 "$run/stage6/draft" "$run/stage7"
+self_distilled_stage 10400 "$run/stage7/draft" "$run/stage8"
 mkdir -p results/head_ablation
 .venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json
