@@ -6,7 +6,7 @@
 # verifying 5, 8 or 16 tokens costs about 1.4, 1.6 and 1.7 one-token steps on this CPU,
 # results/round_cost) and saved with the head (tree.json); then, with that
 # tree: greedy on Spec-Bench subsets (the first 2, then the first 10 prompts of each of the 5 categories), greedy on
-# 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, taken far past the training slice), and
+# 10 held-out ShareGPT questions (data/sharegpt_dev.jsonl, conversations 16000-16048, left out of every training slice), and
 # temperature 1 on the first Spec-Bench prompt of each category, with the tree tuned at temperature 1
 # on the same 8 tuning questions (tree_sampled.json).
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The shipped default head for SmolLM2-135M-Instruct (eagle_jax/heads/smollm2-135m-instruct):
-# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in nine stages.
+# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in ten stages.
 # Stage 1: the first ShareGPT exchanges answered by SmolLM2 itself (self-distillation, greedy, at
 #   most 256 new tokens), 480 steps from scratch. Regeneration is resumable: a stopped run keeps
 #   OUT/regenerated and skips the conversations already answered.
@@ -14,8 +14,10 @@
 #   1600 conversations (5600 on, 7200 on, 8800 on, then 10400 on: the last ends where the tuning
 #   questions begin, at 12000).
 # Stage 9: the same on the 2200 conversations from 12100 on (past the tuning questions at
-#   12000-12012, far before the dev questions at 20000).
-# Stages 7 to 9's answers are committed (data/regenerated/README.md): copy them to
+#   12000-12012, before the dev questions at 16000).
+# Stage 10: the same on the rest of the file from 14300 on (3000 asked for; 3002 remain once the
+#   44 conversations that are, or repeat word for word, the dev and tuning questions are left out).
+# Stages 7 to 10's answers are committed (data/regenerated/README.md): copy them to
 #   "$run/stageN/regenerated/" first to skip regenerating.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,12 +39,13 @@ mkdir -p "$run"
   --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 80 --save-every 20 --log-every 5 --tau-prompts 4 --no-progress
-self_distilled_stage() {  # START INIT_HEAD OUT [COUNT=1600]: stages 4 to 9 (the shipped stages 4-7 wrote --count 3000: the same first 1600)
-  local count=${4:-1600}
-  .venv/bin/python scripts/sharegpt_slice.py --start "$1" --count "$count" --first-turn --out "$run/sharegpt_$1.jsonl"
-  .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_$1.jsonl" --num-conversations "$count" \
+self_distilled_stage() {  # START INIT_HEAD OUT [COUNT=1600 [SLICE_ARGS...]]: stages 4 to 10 (the shipped stages 4-7 wrote --count 3000: the same first 1600)
+  local start=$1 init=$2 out=$3 count=${4:-1600}
+  shift $(($# < 4 ? $# : 4))
+  .venv/bin/python scripts/sharegpt_slice.py --start "$start" --count "$count" --first-turn "$@" --out "$run/sharegpt_$start.jsonl"
+  .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_$start.jsonl" --num-conversations "$count" \
     --regenerate --regen-max-new-tokens 192 --regen-batch-size 32 \
-    --init-head "$2" --out "$3" --ttt-steps 3 --seq-len 512 --long-samples split --offline-features \
+    --init-head "$init" --out "$out" --ttt-steps 3 --seq-len 512 --long-samples split --offline-features \
     --batch-size 4 --max-steps 600 --lr 3e-4 --warmup-steps 20 --schedule cosine \
     --eval-every 150 --save-every 50 --log-every 10 --tau-prompts 2 --no-progress
 }
@@ -52,5 +55,6 @@ self_distilled_stage 7200 "$run/stage5/draft" "$run/stage6"
 self_distilled_stage 8800 "$run/stage6/draft" "$run/stage7"
 self_distilled_stage 10400 "$run/stage7/draft" "$run/stage8"
 self_distilled_stage 12100 "$run/stage8/draft" "$run/stage9" 2200
+self_distilled_stage 14300 "$run/stage9/draft" "$run/stage10" 3000 --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl
 mkdir -p results/head_ablation
 .venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json

@@ -168,3 +168,26 @@ def test_vocab_coverage_script_measures_held_out_coverage(tmp_path):
     rows = {r["size"]: (r["train_coverage"], r["dev_coverage"]) for r in report["sizes"]}
     # size 1: {7}; size 2: {3, 7}; size 5: {3, 7} then the smallest unseen ids {0, 1, 2}, still no 4
     assert rows == {1: (0.6, 0.25), 2: (1.0, 0.5), 5: (1.0, 0.5)}
+
+
+def test_sharegpt_slice_leaves_out_held_out_questions(tmp_path):
+    # six conversations; the held-out file names c1 by id and c4's question by text
+    records = [conv(("human", f"question {i}"), ("gpt", f"answer {i}"), cid=f"c{i}") for i in range(6)]
+    records[4] = conv(("human", "  Repeated question "), ("gpt", "answer 4"), cid="c4")
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(
+        json.dumps({"question_id": "sharegpt-c1", "category": "sharegpt", "turns": ["other text"]}) + "\n"
+        + json.dumps({"question_id": "x9", "category": "sharegpt", "turns": ["Repeated question"]}) + "\n"
+    )
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "sharegpt_slice.py"
+    out = tmp_path / "slice.jsonl"
+    run = subprocess.run(
+        [sys.executable, str(script), "--data", str(data), "--start", "1", "--count", "3", "--first-turn",
+         "--exclude", str(held_out), "--out", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "2 held-out conversations left out" in run.stdout
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["c2", "c3", "c5"]
