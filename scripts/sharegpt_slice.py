@@ -24,8 +24,9 @@ import json
 import os
 
 from eagle_jax.atomic import write_text_atomic
-from eagle_jax.train.data import SHAREGPT, load_conversations
+from eagle_jax.errors import EagleError
 from eagle_jax.infer.prompts import load_prompts
+from eagle_jax.train.data import SHAREGPT, load_conversations
 
 FROM = {"system": "system", "user": "human", "assistant": "gpt"}
 
@@ -50,11 +51,11 @@ def main() -> None:
     lines = []
     for conv in conversations[args.start :]:
         messages = [m for m in conv.messages if m["role"] != "system"]
-        if conv.id in held_out_ids or messages[0]["content"].strip() in held_out_questions:
+        question = messages[0]["content"].strip()
+        if conv.id in held_out_ids or question in held_out_questions:
             excluded += 1
             continue
         if args.format == "bench":
-            question = messages[0]["content"].strip()
             if args.min_chars <= len(question) <= args.max_chars:
                 lines.append({"question_id": f"sharegpt-{conv.id}", "category": "sharegpt", "turns": [question]})
         else:
@@ -68,4 +69,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EagleError as e:  # a missing data or prompt file, a prompt file in the wrong format
+        raise SystemExit(f"sharegpt_slice: error: {e}") from None
