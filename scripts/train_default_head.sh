@@ -17,6 +17,8 @@
 #   12000-12012, before the dev questions at 16000).
 # Stage 10: the same on the rest of the file from 14300 on (3000 asked for; 3002 remain once the
 #   44 conversations that are, or repeat word for word, the dev and tuning questions are left out).
+# Stage 11: a second pass over stage 10's answers (the same slice, the answers copied), 900 steps from
+#   stage 10's head.
 # Stages 7 to 10's answers are committed (data/regenerated/README.md): copy them to
 #   "$run/stageN/regenerated/" first to skip regenerating.
 set -euo pipefail
@@ -39,14 +41,14 @@ mkdir -p "$run"
   --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 80 --save-every 20 --log-every 5 --tau-prompts 4 --no-progress
-self_distilled_stage() {  # START INIT_HEAD OUT [COUNT=1600 [SLICE_ARGS...]]: stages 4 to 10 (the shipped stages 4-7 wrote --count 3000: the same first 1600)
-  local start=$1 init=$2 out=$3 count=${4:-1600}
+self_distilled_stage() {  # START INIT_HEAD OUT [COUNT=1600 [SLICE_ARGS...]], steps=600: stages 4 to 11 (the shipped stages 4-7 wrote --count 3000: the same first 1600)
+  local start=$1 init=$2 out=$3 count=${4:-1600} steps=${steps:-600}
   shift $(($# < 4 ? $# : 4))
   .venv/bin/python scripts/sharegpt_slice.py --start "$start" --count "$count" --first-turn "$@" --out "$run/sharegpt_$start.jsonl"
   .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_$start.jsonl" --num-conversations "$count" \
     --regenerate --regen-max-new-tokens 192 --regen-batch-size 32 \
     --init-head "$init" --out "$out" --ttt-steps 3 --seq-len 512 --long-samples split --offline-features \
-    --batch-size 4 --max-steps 600 --lr 3e-4 --warmup-steps 20 --schedule cosine \
+    --batch-size 4 --max-steps "$steps" --lr 3e-4 --warmup-steps 20 --schedule cosine \
     --eval-every 150 --save-every 50 --log-every 10 --tau-prompts 2 --no-progress
 }
 self_distilled_stage 4000 "$run/stage3/draft" "$run/stage4"
@@ -56,5 +58,7 @@ self_distilled_stage 8800 "$run/stage6/draft" "$run/stage7"
 self_distilled_stage 10400 "$run/stage7/draft" "$run/stage8"
 self_distilled_stage 12100 "$run/stage8/draft" "$run/stage9" 2200
 self_distilled_stage 14300 "$run/stage9/draft" "$run/stage10" 3000 --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl
+mkdir -p "$run/stage11" && cp -r "$run/stage10/regenerated" "$run/stage11/"
+steps=900 self_distilled_stage 14300 "$run/stage10/draft" "$run/stage11" 3000 --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl
 mkdir -p results/head_ablation
 .venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json

@@ -9,12 +9,16 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+from conftest import tiny_config
+from eagle_jax.draft import DraftConfig, init_draft_params
+from eagle_jax.draft.checkpoint import export_draft
 from eagle_jax.errors import EagleError
 from eagle_jax.train import data as data_lib
-from eagle_jax.train.vocab import select_draft_vocab
+from eagle_jax.train.vocab import carry_over_rows, select_draft_vocab
 from test_train_support import make_tokenizer, synthetic_conversations
 
 STOP_IDS = (1,)  # <|im_end|> of the test tokenizer
@@ -150,6 +154,23 @@ def test_draft_vocab_as_the_reference():
         select_draft_vocab(tokens, mask, target_vocab_size=12, size=13)
 
 
+def test_carry_over_rows_keeps_shared_rows_and_maps_new_ones():
+    rng = np.random.default_rng(0)
+    target_rows = rng.normal(size=(20, 6))  # (V, dt)
+    to_draft = rng.normal(size=(6, 4))  # a head whose rows are a linear image of the target's: the fit recovers it
+    old_used, new_used = np.array([1, 4, 5, 8, 9, 11, 13, 15, 17, 19]), np.array([0, 4, 5, 8, 9, 11, 12, 13, 15, 17, 18])
+    shared, new = np.isin(new_used, old_used), ~np.isin(new_used, old_used)  # new: ids 0, 12, 18
+    lm_head = (target_rows[old_used] @ to_draft).astype(np.float32)
+    rows = carry_over_rows(lm_head, old_used, new_used, target_rows)
+    assert rows.shape == (11, 4) and rows.dtype == np.float32
+    np.testing.assert_array_equal(rows[shared], lm_head[np.isin(old_used, new_used)])
+    np.testing.assert_allclose(rows[new], target_rows[new_used[new]] @ to_draft, rtol=1e-4, atol=1e-4)
+    lm_head[1] += 5.0  # token 4's row, off the linear image: kept as it is, not refitted
+    np.testing.assert_array_equal(carry_over_rows(lm_head, old_used, new_used, target_rows)[1], lm_head[1])
+    with pytest.raises(EagleError, match="shares no token"):
+        carry_over_rows(lm_head, old_used, np.array([0, 2, 3]), target_rows)
+
+
 def test_vocab_coverage_script_measures_held_out_coverage(tmp_path):
     # training assistant tokens: 7 x3, 3 x2 (5 is a prompt token); dev assistant tokens: 7, 3, 4, 4
     train = data_lib.TokenizedSet.from_samples([(np.array([5, 7, 7, 3, 7, 3]), np.array([0, 1, 1, 1, 1, 1], bool))])
@@ -168,6 +189,23 @@ def test_vocab_coverage_script_measures_held_out_coverage(tmp_path):
     rows = {r["size"]: (r["train_coverage"], r["dev_coverage"]) for r in report["sizes"]}
     # size 1: {7}; size 2: {3, 7}; size 5: {3, 7} then the smallest unseen ids {0, 1, 2}, still no 4
     assert rows == {1: (0.6, 0.25), 2: (1.0, 0.5), 5: (1.0, 0.5)}
+
+    # --pick-from two runs (the second adds 4 x3: size 2 is now {4, 7}, ties to the smaller id) and a
+    # head whose vocabulary is {4, 7}
+    other = tmp_path / "other"
+    (other / "data").mkdir(parents=True)
+    data_lib.TokenizedSet.from_samples([(np.array([5, 4, 4, 4]), np.array([0, 1, 1, 1], bool))]).save(str(other / "data" / "train.npz"))
+    dcfg = DraftConfig.for_target(tiny_config(), kind="eagle3", draft_vocab_size=2)
+    export_draft(str(tmp_path / "head"), dcfg, init_draft_params(jax.random.key(0), dcfg) | {"d2t": np.array([4, 6], np.int32)})
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--pick-from", str(tmp_path), str(other), "--head", str(tmp_path / "head"),
+         "--sizes", "2", "--target-vocab-size", "8"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert report["train_assistant_tokens"] == 8 and report["sizes"] == [{"size": 2, "train_coverage": 0.75, "dev_coverage": 0.75}]
+    assert (report["head"]["size"], report["head"]["train_coverage"], report["head"]["dev_coverage"]) == (2, 0.75, 0.75)
 
 
 def test_sharegpt_slice_leaves_out_held_out_questions(tmp_path):
@@ -191,3 +229,34 @@ def test_sharegpt_slice_leaves_out_held_out_questions(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "2 held-out conversations left out" in run.stdout
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["c2", "c3", "c5"]
+
+
+def test_sharegpt_slice_takes_earlier_answers_from_a_regeneration(tmp_path):
+    """--turns 2 --answers: the first answer comes from the regenerated file, the second is the
+    original (to be regenerated with --regen-keep-turns 1); conversations with one exchange, without a
+    regenerated answer, or whose regenerated file asks another question are left out."""
+    two = (("human", "q1"), ("gpt", "original 1"), ("human", "q2"), ("gpt", "original 2"))
+    records = [
+        conv(("system", "be brief"), *two, ("human", "q3"), ("gpt", "a3"), cid="c0"),
+        conv(*two[:2], cid="c1"),
+        conv(*two, cid="c2"),
+        conv(*two, cid="c3"),
+        conv(*two, cid="c4"),
+    ]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    regenerated = tmp_path / "part-00000-of-00001.jsonl"
+    answered = lambda cid, question: {"id": cid, "messages": [["system", "be brief"], ["user", question], ["assistant", f"own {cid}"]]}  # noqa: E731
+    regenerated.write_text("".join(json.dumps(r) + "\n" for r in (answered("c0", "q1"), answered("c1", "q1"), answered("c3", "other"),
+                                                                  answered("c4", "q1"))))
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "sharegpt_slice.py"
+    out = tmp_path / "slice.jsonl"
+    argv = [sys.executable, str(script), "--data", str(data), "--count", "5", "--turns", "2", "--out", str(out)]
+    run = subprocess.run([*argv, "--answers", str(regenerated)], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in kept] == ["c0", "c4"]
+    assert [t["value"] for t in kept[0]["conversations"]] == ["be brief", "q1", "own c0", "q2", "original 2"]
+    assert [t["value"] for t in kept[1]["conversations"]] == ["q1", "own c4", "q2", "original 2"]
+    run = subprocess.run([*argv, "--answers", str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode != 0 and "--answers" in run.stderr and "does not exist" in run.stderr

@@ -4,6 +4,7 @@ offline features, gradient accumulation, EAGLE-1 in bfloat16, self-distillation,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -16,7 +17,8 @@ from eagle_jax.loading import load_target
 from eagle_jax.train import cli
 from eagle_jax.train.data import Conversation
 from eagle_jax.train.regenerate import regenerate_conversations
-from eagle_jax.train.vocab import DraftVocab
+from eagle_jax.train.setup import TrainConfig, check_out_dir
+from eagle_jax.train.vocab import DraftVocab, carry_over_rows, used_ids
 from test_train_support import read_metrics, tiny_run_args, write_conversations, write_tiny_model
 
 
@@ -136,6 +138,26 @@ def test_training_continues_from_an_exported_head(files, learned, tmp_path):
     assert not np.array_equal(DraftVocab.load(os.path.join(fresh, "vocab.npz")).used, kept.used)  # the data alone picks another
     assert 0 < kept.coverage < DraftVocab.load(os.path.join(fresh, "vocab.npz")).coverage
 
+    # --revocab: a new vocabulary of 64 picked from the new data, as a fresh run picks it; one update at
+    # learning rate 0 (the first of the warmup) exports the starting weights: the head's, its lm_head
+    # rows carried over to the new vocabulary
+    revocab, fresh64 = str(tmp_path / "revocab"), str(tmp_path / "fresh64")
+    assert run(*tiny_run_args(model, other_data, revocab, "--max-steps", "1", "--warmup-steps", "1", "--init-head", head, "--revocab",
+                              "--tau-prompts", "0")) == 0
+    assert run(*tiny_run_args(model, other_data, fresh64, "--max-steps", "1", "--warmup-steps", "1", "--tau-prompts", "0")) == 0
+    picked = DraftVocab.load(os.path.join(revocab, "vocab.npz"))
+    np.testing.assert_array_equal(picked.used, DraftVocab.load(os.path.join(fresh64, "vocab.npz")).used)
+    (old_cfg, old), (new_cfg, new) = load_draft(head), load_draft(os.path.join(revocab, "draft"))
+    assert (old_cfg.draft_vocab_size, new_cfg.draft_vocab_size) == (80, 64)
+    np.testing.assert_array_equal(new["d2t"], picked.d2t)
+    target = load_target(model).params
+    expected = carry_over_rows(np.asarray(old["lm_head"]), used_ids(np.asarray(old["d2t"])), picked.used,
+                               np.asarray(target.get("lm_head", target["embed"]), np.float32))
+    np.testing.assert_allclose(new["lm_head"], expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(new["fc"], old["fc"])
+    with pytest.raises(EagleError, match="--revocab picks a new draft vocabulary"):
+        run(*tiny_run_args(model, data, str(tmp_path / "clash"), "--revocab"))
+
     for flags, message in ((("--draft-vocab", "64"), r"--draft-vocab 64 \(the head: 80\)"), (("--head", "eagle1"), r"--head eagle1 \(the head: eagle3\)")):
         with pytest.raises(EagleError, match=message):
             run(*tiny_run_args(model, data, str(tmp_path / "clash"), "--init-head", head, *flags))
@@ -164,6 +186,38 @@ def test_self_distillation_is_resumable(files, tmp_path):
     assert again == first
     tight = regenerate_conversations(convs[:1], target, str(tmp_path / "tight"), max_new_tokens=6, batch_size=2, seq_len=20)
     assert [m["role"] for m in tight[0].messages] == ["user", "assistant"]  # the second question leaves no room
+
+
+def test_self_distillation_can_keep_the_first_answers(files, tmp_path):
+    """keep_turns=1 answers only the later turns: given the target's own first answers it reproduces a
+    full regeneration; a conversation with nothing left to answer is dropped."""
+    model, _ = files
+    target = load_target(model)
+    convs = [Conversation(f"c{i}", ({"role": "user", "content": f"w{i} w1"}, {"role": "assistant", "content": "w9"},
+                                    {"role": "user", "content": "w2"}, {"role": "assistant", "content": "w3"})) for i in range(2)]
+    full = regenerate_conversations(convs, target, str(tmp_path / "full"), max_new_tokens=6, batch_size=2, seq_len=64)
+    one_exchange = Conversation("one", convs[0].messages[:2])
+    later = regenerate_conversations([*full, one_exchange], target, str(tmp_path / "later"), max_new_tokens=6, batch_size=2,
+                                     seq_len=64, keep_turns=1)
+    assert later == full
+    kept_as_given = regenerate_conversations(convs, target, str(tmp_path / "given"), max_new_tokens=6, batch_size=2, seq_len=64,
+                                             keep_turns=1)
+    assert [c.messages[:3] for c in kept_as_given] == [c.messages[:3] for c in convs]  # "w9" stays
+    assert all(c.messages[3]["content"] not in ("w3", "") for c in kept_as_given)
+    assert regenerate_conversations(convs, target, str(tmp_path / "tight"), max_new_tokens=6, batch_size=2, seq_len=20,
+                                    keep_turns=1) == []  # the second question leaves no room, the first turn alone is not kept
+
+
+def test_resume_accepts_a_run_saved_before_a_setting_existed(tmp_path):
+    cfg = TrainConfig(model="m", data="d", out=str(tmp_path), resume=True)
+    saved = cfg.fingerprint()
+    del saved["regen_keep_turns"]  # a run from before --regen-keep-turns, with its default
+    (tmp_path / "train_config.json").write_text(json.dumps(saved))
+    check_out_dir(cfg)
+    with pytest.raises(EagleError, match=r"settings differ .*regen_keep_turns: None -> 1"):
+        check_out_dir(dataclasses.replace(cfg, regenerate=True, regen_keep_turns=1))
+    with pytest.raises(EagleError, match="--regen-keep-turns .* only with --regenerate"):
+        dataclasses.replace(cfg, regen_keep_turns=1)
 
 
 def test_bad_input_is_a_one_line_error_and_overwrites_nothing(files, learned, tmp_path):

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     head.add_argument("--norm-output", action="store_true", help="EAGLE-3.1: feed the post-norm hidden back between steps")
     head.add_argument("--init-head", default=None, metavar="DIR",
                       help="start from this head (any supported layout): its weights, architecture and draft vocabulary")
+    head.add_argument("--revocab", action="store_true",
+                      help="with --init-head: pick the draft vocabulary from this run's data (size --draft-vocab, default the head's); "
+                           "tokens in both keep their rows, new ones start from the target's lm_head rows mapped by least squares")
     head.add_argument("--draft-vocab", type=int, default=None, help="eagle3 draft vocabulary size (default 32000, at most the target's)")
     data = parser.add_argument_group("data")
     data.add_argument("--num-conversations", type=int, default=None, help="use the first N usable conversations")
@@ -46,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--regenerate", action="store_true", help="self-distillation: answer every assistant turn with the target first")
     data.add_argument("--regen-max-new-tokens", type=int, default=d.regen_max_new_tokens)
     data.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size)
+    data.add_argument("--regen-keep-turns", type=int, default=d.regen_keep_turns, metavar="K",
+                      help="keep the first K assistant answers as given (already the target's own) and regenerate the later ones")
     data.add_argument("--offline-features", action="store_true", help="compute target features once into OUT/features and reuse them")
     data.add_argument("--feature-dtype", choices=DTYPES, default=None, help="offline feature storage dtype (default: --dtype)")
     opt = parser.add_argument_group("optimisation")
@@ -83,7 +88,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         clip_norm=args.clip_norm, weight_decay=args.weight_decay, grad_accum=args.grad_accum, dtype=args.dtype,
         offline_features=args.offline_features, feature_dtype=args.feature_dtype, num_conversations=args.num_conversations,
         dev_fraction=args.dev_fraction, long_samples=args.long_samples, regenerate=args.regenerate,
-        regen_max_new_tokens=args.regen_max_new_tokens, regen_batch_size=args.regen_batch_size, init_head=args.init_head, seed=args.seed,
+        regen_max_new_tokens=args.regen_max_new_tokens, regen_batch_size=args.regen_batch_size,
+        regen_keep_turns=args.regen_keep_turns, init_head=args.init_head, revocab=args.revocab, seed=args.seed,
         resume=args.resume, fsdp=args.fsdp, eval_every=args.eval_every, save_every=args.save_every, log_every=args.log_every,
         keep=args.keep, progress=not args.no_progress,
     )

@@ -31,7 +31,7 @@ from eagle_jax.train import data as data_lib
 from eagle_jax.train import mesh as mesh_lib
 from eagle_jax.train.features import FeatureStore, build_feature_store, compute_target_features, pack
 from eagle_jax.train.regenerate import regenerate_conversations
-from eagle_jax.train.vocab import DraftVocab, select_draft_vocab
+from eagle_jax.train.vocab import DraftVocab, carry_over_rows, select_draft_vocab, used_ids
 
 DEFAULT_DRAFT_VOCAB = 32000  # the EAGLE-3 reference's, capped at the target's vocabulary
 DTYPES = ("float32", "bfloat16")
@@ -67,7 +67,9 @@ class TrainConfig:
     regenerate: bool = False
     regen_max_new_tokens: int = 512
     regen_batch_size: int = 8
+    regen_keep_turns: int = 0  # the first K assistant answers stay as given (already the target's own)
     init_head: str | None = None  # start from this head's weights, architecture and draft vocabulary
+    revocab: bool = False  # with init_head: pick the draft vocabulary from the data, carrying the head's rows over
     seed: int = 0
     # Operational settings: free to change between an interrupted run and its --resume.
     resume: bool = False
@@ -87,6 +89,10 @@ class TrainConfig:
             raise EagleError("--seq-len must be >= 4; --batch-size, --ttt-steps and --epochs >= 1")
         if min(self.eval_every, self.save_every, self.log_every, self.keep) < 1:
             raise EagleError("--eval-every, --save-every, --log-every and --keep must be >= 1")
+        if self.regen_keep_turns < 0 or (self.regen_keep_turns and not self.regenerate):
+            raise EagleError("--regen-keep-turns must be >= 0, and applies only with --regenerate")
+        if self.revocab and not self.init_head:
+            raise EagleError("--revocab picks a new draft vocabulary for the head given by --init-head; pass one")
 
     def fingerprint(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.OPERATIONAL}
@@ -115,7 +121,8 @@ def check_out_dir(cfg: TrainConfig) -> None:
     with open(config_path) as f:
         saved = json.load(f)
     now = cfg.fingerprint()
-    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # settings newer than the saved run
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k, defaults.get(k)) != now.get(k))
     if changed:
         diffs = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
         raise EagleError(f"--resume: settings differ from the run in {cfg.out} ({diffs}); use the original ones or a new --out")
@@ -123,6 +130,11 @@ def check_out_dir(cfg: TrainConfig) -> None:
 
 def write_run_config(cfg: TrainConfig) -> None:
     mesh_lib.on_main_process(lambda: write_json(os.path.join(cfg.out, CONFIG_FILE), cfg.fingerprint()), "run-config")
+
+
+def check_draft_vocab(size: int, target_vocab_size: int) -> None:
+    if not 0 < size <= target_vocab_size:
+        raise EagleError(f"--draft-vocab must be in [1, {target_vocab_size}] (the target's vocabulary), got {size}")
 
 
 def draft_config(cfg: TrainConfig, target: TargetModel) -> DraftConfig:
@@ -135,8 +147,7 @@ def draft_config(cfg: TrainConfig, target: TargetModel) -> DraftConfig:
         draft_vocab = vocab
     else:
         draft_vocab = min(DEFAULT_DRAFT_VOCAB, vocab) if cfg.draft_vocab is None else cfg.draft_vocab
-    if not 0 < draft_vocab <= vocab:
-        raise EagleError(f"--draft-vocab must be in [1, {vocab}] (the target's vocabulary), got {draft_vocab}")
+    check_draft_vocab(draft_vocab, vocab)
     try:
         dcfg = DraftConfig.for_target(target.cfg, cfg.head, draft_vocab, fc_norm=cfg.fc_norm, norm_output=cfg.norm_output)
         dcfg.check_target(target.cfg)
@@ -148,22 +159,28 @@ def draft_config(cfg: TrainConfig, target: TargetModel) -> DraftConfig:
 def load_initial_head(cfg: TrainConfig, target: TargetModel) -> tuple[DraftConfig, dict, np.ndarray | None]:
     """--init-head: (config, float32 trainable params, d2t or None) of the head to continue training.
 
-    The head fixes the architecture and the draft vocabulary; head flags given as well must agree,
-    and its weights must have exactly the layout the trainer builds. Checked before anything is written."""
+    The head fixes the architecture and the draft vocabulary (with --revocab, the vocabulary is picked
+    anew, of --draft-vocab's size if given); head flags given as well must agree, and its weights must
+    have exactly the layout the trainer builds. Checked before anything is written."""
     dcfg, params = load_draft(cfg.init_head, target.cfg)
-    given = {"--head": (cfg.head, dcfg.kind), "--draft-vocab": (cfg.draft_vocab, dcfg.draft_vocab_size),
+    given = {"--head": (cfg.head, dcfg.kind), "--draft-vocab": (None if cfg.revocab else cfg.draft_vocab, dcfg.draft_vocab_size),
              "--fc-norm": (cfg.fc_norm or None, dcfg.fc_norm), "--norm-output": (cfg.norm_output or None, dcfg.norm_output)}
     clashes = [f"{flag} {mine} (the head: {theirs})" for flag, (mine, theirs) in given.items() if mine is not None and mine != theirs]
     if clashes:
         raise EagleError(f"--init-head {cfg.init_head} does not match {', '.join(clashes)}; pass head flags that match the head, or none")
     if dcfg.kind == "eagle1" and cfg.ttt_steps != 1:
         raise EagleError("an eagle1 head trains one step (no training-time test); pass --ttt-steps 1")
+    if cfg.revocab and dcfg.kind != "eagle3":
+        raise EagleError(f"--revocab: the {dcfg.kind} head predicts over the target's full vocabulary; it has no draft vocabulary to pick")
     d2t = params.pop("d2t", None)
     expected = jax.eval_shape(lambda: init_draft_params(jax.random.key(0), dcfg))
     expected.pop("d2t", None)
     shapes = lambda tree: jax.tree.map(lambda x: tuple(x.shape), tree)  # noqa: E731
     if shapes(params) != shapes(expected):
         raise EagleError(f"--init-head {cfg.init_head}: its weights do not have the layout this trainer builds (extra or missing tensors)")
+    if cfg.revocab and cfg.draft_vocab is not None:
+        check_draft_vocab(cfg.draft_vocab, target.cfg.vocab_size)
+        dcfg = dataclasses.replace(dcfg, draft_vocab_size=cfg.draft_vocab)
     return dcfg, jax.tree.map(lambda x: np.asarray(x, np.float32), params), None if d2t is None else np.asarray(d2t)
 
 
@@ -179,7 +196,8 @@ def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.Tokeni
     conversations, stats = data_lib.load_conversations(cfg.data, cfg.num_conversations)
     if cfg.regenerate:
         conversations = regenerate_conversations(
-            conversations, target, os.path.join(cfg.out, "regenerated"), cfg.regen_max_new_tokens, cfg.regen_batch_size, cfg.seq_len
+            conversations, target, os.path.join(cfg.out, "regenerated"), cfg.regen_max_new_tokens, cfg.regen_batch_size, cfg.seq_len,
+            cfg.regen_keep_turns,
         )
         stats["regenerated"] = len(conversations)
     train_convs, dev_convs = data_lib.split_dev(conversations, cfg.dev_fraction, cfg.seed)
@@ -200,6 +218,12 @@ def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.Tokeni
     return train, dev
 
 
+def revocab_initial_head(initial: dict, initial_d2t: np.ndarray, vocab: DraftVocab, target: TargetModel) -> dict:
+    """--revocab: the head's params with its lm_head moved onto the newly picked vocabulary."""
+    target_rows = np.asarray(target.params.get("lm_head", target.params["embed"]), np.float32)  # (V, dt)
+    return initial | {"lm_head": carry_over_rows(initial["lm_head"], used_ids(initial_d2t), vocab.used, target_rows)}
+
+
 def prepare_vocab(cfg: TrainConfig, dcfg: DraftConfig, train: data_lib.TokenizedSet, d2t: np.ndarray | None = None) -> DraftVocab | None:
     """The reduced draft vocabulary (None when the draft predicts over the target's vocabulary):
     the most frequent assistant tokens, or the one `d2t` (Vd,) of the head training starts from."""
@@ -209,7 +233,7 @@ def prepare_vocab(cfg: TrainConfig, dcfg: DraftConfig, train: data_lib.Tokenized
     if cfg.resume and os.path.exists(path):
         return DraftVocab.load(path)
     if d2t is not None:
-        used = np.arange(dcfg.draft_vocab_size, dtype=np.int32) + np.asarray(d2t)
+        used = used_ids(d2t)
         vocab = DraftVocab.from_used(used, train.tokens, train.loss_mask, dcfg.target_vocab_size)
     else:
         vocab = select_draft_vocab(train.tokens, train.loss_mask, dcfg.target_vocab_size, dcfg.draft_vocab_size)

@@ -34,7 +34,8 @@ from eagle_jax.train.losses import LossOutput, eagle1_loss, eagle3_loss
 from eagle_jax.train.metrics import EvalContext, EvalHook, MetricsLog, Progress, plot_curves, summarize
 from eagle_jax.train.optim import OptimConfig, learning_rate, make_optimizer
 from eagle_jax.train.setup import (
-    TrainConfig, check_out_dir, draft_config, load_initial_head, prepare_data, prepare_offline_features, prepare_vocab, say, write_run_config,
+    TrainConfig, check_out_dir, draft_config, load_initial_head, prepare_data, prepare_offline_features, prepare_vocab, revocab_initial_head, say,
+    write_run_config,
 )
 from eagle_jax.train.ttt import unroll
 from eagle_jax.train.vocab import DraftVocab
@@ -182,7 +183,9 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     dcfg, initial, initial_d2t = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None, None)
     os.makedirs(cfg.out, exist_ok=True)
     train_set, dev_set = prepare_data(cfg, target)
-    vocab = prepare_vocab(cfg, dcfg, train_set, initial_d2t)
+    vocab = prepare_vocab(cfg, dcfg, train_set, None if cfg.revocab else initial_d2t)
+    if cfg.revocab:
+        initial = revocab_initial_head(initial, initial_d2t, vocab, target)
     steps_per_epoch = len(train_set) // (cfg.batch_size * cfg.grad_accum)
     if steps_per_epoch == 0:
         raise EagleError(f"{len(train_set)} training samples cannot fill one update of {cfg.batch_size} x {cfg.grad_accum} sequences")

@@ -60,3 +60,24 @@ def select_draft_vocab(tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_s
     counts = np.bincount(tokens[loss_mask.astype(bool)], minlength=target_vocab_size)
     order = np.lexsort((np.arange(target_vocab_size), -counts))  # by count descending, then id ascending
     return DraftVocab.from_used(np.sort(order[:size]), tokens, loss_mask, target_vocab_size)
+
+
+def used_ids(d2t: np.ndarray) -> np.ndarray:
+    """(Vd,) int32 target ids of a draft vocabulary from its offsets d2t (Vd,)."""
+    return (np.arange(len(d2t)) + np.asarray(d2t)).astype(np.int32)
+
+
+def carry_over_rows(lm_head: np.ndarray, old_used: np.ndarray, new_used: np.ndarray, target_rows: np.ndarray) -> np.ndarray:
+    """A draft lm_head (Vd_old, d) over the vocabulary old_used (ascending target ids) -> (Vd_new, d)
+    over new_used: a token in both keeps its row; a new one starts from its row of the target's
+    lm_head, target_rows (V, dt), mapped into the draft's space by the least-squares fit (dt, d) of the
+    shared tokens' target rows to their draft rows."""
+    shared = np.isin(new_used, old_used)
+    if not shared.any():
+        raise EagleError("the new draft vocabulary shares no token with the head's; train a fresh head instead")
+    kept = lm_head[np.searchsorted(old_used, new_used[shared])]
+    fit, *_ = np.linalg.lstsq(target_rows[new_used[shared]].astype(np.float64), kept.astype(np.float64), rcond=None)
+    rows = target_rows[new_used].astype(np.float64) @ fit
+    rows[shared] = kept
+    return rows.astype(lm_head.dtype)
+
