@@ -19,7 +19,7 @@ repeats some questions word for word), so a training slice may run past held-out
 
     python scripts/sharegpt_slice.py --start 14300 --count 3000 --first-turn \
         --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl --out runs/stage10/sharegpt_14300.jsonl
-    python scripts/sharegpt_slice.py --start 8800 --count 3000 --turns 2 --answers data/regenerated/*.jsonl \
+    python scripts/sharegpt_slice.py --start 8800 --count 3000 --turns 2 --answers data/regenerated/*_first_turn.jsonl \
         --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl --out runs/second_turns.jsonl
 """
 
