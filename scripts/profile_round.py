@@ -88,9 +88,10 @@ def main() -> None:
     parser.add_argument("--trees", default="", help="top_k/depth/num_nodes[/lookup],... (default: the shipped head's tuned tree and 4/4/16)")
     parser.add_argument("--verify-tokens", default="1,2,4,6,8,10,12,16", help="T values for the verify-step scan")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--head", default=None, help="a draft head directory (default: the shipped head)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    head_dir = default_head_dir(DEFAULT_MODEL)
+    head_dir = args.head or default_head_dir(DEFAULT_MODEL)
     if args.trees:
         try:
             trees = parse_trees(args.trees)
