@@ -142,4 +142,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EagleError as e:  # a --head that is not a draft head, or one that does not fit the model
+        raise SystemExit(f"profile_round: error: {e}") from None

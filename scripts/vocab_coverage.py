@@ -62,9 +62,9 @@ def main() -> None:
         except EagleError as e:
             raise SystemExit(f"vocab_coverage: error: {e}") from None
         head_used = used_ids(np.asarray(params["d2t"]))
+        coverage = lambda t, m: round(DraftVocab.from_used(head_used, t, m, target_vocab_size).coverage, 5)  # noqa: E731
         report["head"] = {"path": args.head, "size": dcfg.draft_vocab_size,
-                          "train_coverage": round(float(np.isin(tokens[loss_mask], head_used).mean()), 5),
-                          "dev_coverage": round(float(np.isin(dev_tokens, head_used).mean()), 5)}
+                          "train_coverage": coverage(tokens, loss_mask), "dev_coverage": coverage(dev.tokens, dev.loss_mask)}
     if args.out:
         write_json_atomic(args.out, report)
     print(json.dumps(report, indent=1))
