@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import subprocess
 import sys
 
 import jax
@@ -285,6 +287,33 @@ def test_export_import_round_trip_is_bit_exact(tmp_path, name, dtype):
         for (path, want), got in zip(jax.tree.leaves_with_path(params), jax.tree.leaves(loaded)):
             assert got.dtype == want.dtype, path
             np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8), err_msg=str(path))
+
+
+def test_cast_head_script_stores_a_head_in_half_precision(tmp_path):
+    dcfg = DraftConfig.for_target(TARGET, **EXPORT_CONFIGS["eagle3_3.1"])
+    params = reduced_vocab_params(dcfg, jnp.float32, seed=4)
+    export_draft(str(tmp_path / "head"), dcfg, params)
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "cast_head.py"
+
+    def cast(head, out):
+        return subprocess.run([sys.executable, str(script), str(head), "--dtype", "float16", "--out", str(out)],
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    assert cast(tmp_path / "head", tmp_path / "half").returncode == 0
+    loaded_cfg, loaded = load_draft(str(tmp_path / "half"), TARGET, dtype=None)
+    assert loaded_cfg == dcfg
+    for (path, want), got in zip(jax.tree.leaves_with_path(params), jax.tree.leaves(loaded)):
+        if path[-1].key == "d2t":
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert got.dtype == jnp.float16, path
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want).astype(np.float16), err_msg=str(path))
+    assert json.loads((tmp_path / "half" / "config.json").read_text())["torch_dtype"] == "float16"
+    again = cast(tmp_path / "head", tmp_path / "half")  # never replaces a directory
+    assert again.returncode != 0 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    missing = cast(tmp_path / "nowhere", tmp_path / "other")
+    assert missing.returncode != 0 and "cast_head: error:" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "other")
 
 
 def test_export_layout_is_what_engines_read(tmp_path):

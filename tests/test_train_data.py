@@ -150,6 +150,11 @@ def test_draft_vocab_as_the_reference():
     assert vocab.coverage == pytest.approx(13 / 14)
     filled = select_draft_vocab(tokens, mask, target_vocab_size=12, size=6)  # fewer seen ids than slots
     np.testing.assert_array_equal(filled.used, [0, 1, 2, 3, 7, 9])
+    # preferred ids (a head's old vocabulary) win ties and take the unseen slots before smaller ids
+    preferred = select_draft_vocab(tokens, mask, target_vocab_size=12, size=6, preferred=np.array([11, 1, 5]))
+    np.testing.assert_array_equal(preferred.used, [1, 3, 5, 7, 9, 11])
+    tie = select_draft_vocab(tokens, mask, target_vocab_size=12, size=2, preferred=np.array([9]))
+    np.testing.assert_array_equal(tie.used, [7, 9])  # 3 and 9 are tied at 4; 9 is preferred
     with pytest.raises(EagleError):
         select_draft_vocab(tokens, mask, target_vocab_size=12, size=13)
 

@@ -18,7 +18,7 @@ from eagle_jax.train import cli
 from eagle_jax.train.data import Conversation
 from eagle_jax.train.regenerate import regenerate_conversations
 from eagle_jax.train.setup import TrainConfig, check_out_dir
-from eagle_jax.train.vocab import DraftVocab, carry_over_rows, used_ids
+from eagle_jax.train.vocab import DraftVocab, carry_over_rows, select_draft_vocab, used_ids
 from test_train_support import read_metrics, tiny_run_args, write_conversations, write_tiny_model
 
 
@@ -138,16 +138,18 @@ def test_training_continues_from_an_exported_head(files, learned, tmp_path):
     assert not np.array_equal(DraftVocab.load(os.path.join(fresh, "vocab.npz")).used, kept.used)  # the data alone picks another
     assert 0 < kept.coverage < DraftVocab.load(os.path.join(fresh, "vocab.npz")).coverage
 
-    # --revocab: a new vocabulary of 64 picked from the new data, as a fresh run picks it; one update at
-    # learning rate 0 (the first of the warmup) exports the starting weights: the head's, its lm_head
-    # rows carried over to the new vocabulary
-    revocab, fresh64 = str(tmp_path / "revocab"), str(tmp_path / "fresh64")
+    # --revocab: a new vocabulary of 64, the most frequent tokens of the new data, ties going to the
+    # head's tokens; one update at learning rate 0 (the first of the warmup) exports the starting
+    # weights: the head's, its lm_head rows carried over to the new vocabulary
+    revocab = str(tmp_path / "revocab")
     assert run(*tiny_run_args(model, other_data, revocab, "--max-steps", "1", "--warmup-steps", "1", "--init-head", head, "--revocab",
                               "--tau-prompts", "0")) == 0
-    assert run(*tiny_run_args(model, other_data, fresh64, "--max-steps", "1", "--warmup-steps", "1", "--tau-prompts", "0")) == 0
     picked = DraftVocab.load(os.path.join(revocab, "vocab.npz"))
-    np.testing.assert_array_equal(picked.used, DraftVocab.load(os.path.join(fresh64, "vocab.npz")).used)
     (old_cfg, old), (new_cfg, new) = load_draft(head), load_draft(os.path.join(revocab, "draft"))
+    with np.load(os.path.join(revocab, "data", "train.npz")) as train:
+        expected_vocab = select_draft_vocab(train["tokens"], train["loss_mask"], picked.target_vocab_size, 64,
+                                            preferred=used_ids(np.asarray(old["d2t"])))
+    np.testing.assert_array_equal(picked.used, expected_vocab.used)
     assert (old_cfg.draft_vocab_size, new_cfg.draft_vocab_size) == (80, 64)
     np.testing.assert_array_equal(new["d2t"], picked.d2t)
     target = load_target(model).params

@@ -226,17 +226,18 @@ def revocab_initial_head(initial: dict, initial_d2t: np.ndarray, vocab: DraftVoc
 
 def prepare_vocab(cfg: TrainConfig, dcfg: DraftConfig, train: data_lib.TokenizedSet, d2t: np.ndarray | None = None) -> DraftVocab | None:
     """The reduced draft vocabulary (None when the draft predicts over the target's vocabulary):
-    the most frequent assistant tokens, or the one `d2t` (Vd,) of the head training starts from."""
+    the one `d2t` (Vd,) of the head training starts from, or (--revocab, or no initial head) the most
+    frequent assistant tokens, ties and unseen slots going to the initial head's tokens first."""
     if not dcfg.maps_vocab:
         return None
     path = os.path.join(cfg.out, "vocab.npz")
     if cfg.resume and os.path.exists(path):
         return DraftVocab.load(path)
-    if d2t is not None:
-        used = used_ids(d2t)
-        vocab = DraftVocab.from_used(used, train.tokens, train.loss_mask, dcfg.target_vocab_size)
+    if d2t is not None and not cfg.revocab:
+        vocab = DraftVocab.from_used(used_ids(d2t), train.tokens, train.loss_mask, dcfg.target_vocab_size)
     else:
-        vocab = select_draft_vocab(train.tokens, train.loss_mask, dcfg.target_vocab_size, dcfg.draft_vocab_size)
+        preferred = used_ids(d2t) if d2t is not None else None
+        vocab = select_draft_vocab(train.tokens, train.loss_mask, dcfg.target_vocab_size, dcfg.draft_vocab_size, preferred)
     say(f"draft vocabulary: {dcfg.draft_vocab_size} of {dcfg.target_vocab_size} target ids cover {vocab.coverage:.2%} of assistant tokens")
     mesh_lib.on_main_process(lambda: vocab.save(path), "vocab")
     return vocab

@@ -183,7 +183,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     dcfg, initial, initial_d2t = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None, None)
     os.makedirs(cfg.out, exist_ok=True)
     train_set, dev_set = prepare_data(cfg, target)
-    vocab = prepare_vocab(cfg, dcfg, train_set, None if cfg.revocab else initial_d2t)
+    vocab = prepare_vocab(cfg, dcfg, train_set, initial_d2t)
     if cfg.revocab:
         initial = revocab_initial_head(initial, initial_d2t, vocab, target)
     steps_per_epoch = len(train_set) // (cfg.batch_size * cfg.grad_accum)

@@ -4,8 +4,10 @@ As the reference (`Model.scandata`): count the target ids at loss-mask positions
 `size` most frequent, sort them by target id (`used`), then
     d2t[i] = used[i] - i          (target_id = draft_id + d2t[draft_id])
     t2d[v] = v in used            (bool over the target vocabulary)
-Ties in frequency go to the smaller id; when fewer than `size` distinct tokens occur, the smallest
-unseen ids fill the vocabulary so that it always has exactly `size` entries.
+Ties in frequency go to the preferred ids (with --revocab, the initial head's vocabulary, whose rows
+are trained), then to the smaller id; so when fewer than `size` distinct tokens occur, the preferred
+unseen ids and then the smallest unseen ids fill the vocabulary, which always has exactly `size`
+entries.
 """
 
 from __future__ import annotations
@@ -53,12 +55,17 @@ class DraftVocab:
             return cls(f["used"], int(f["target_vocab_size"]), float(f["coverage"]))
 
 
-def select_draft_vocab(tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_size: int, size: int) -> DraftVocab:
-    """The `size` most frequent target ids among tokens (N,) where loss_mask (N,) is set."""
+def select_draft_vocab(
+    tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_size: int, size: int, preferred: np.ndarray | None = None,
+) -> DraftVocab:
+    """The `size` most frequent target ids among tokens (N,) where loss_mask (N,) is set; equal counts
+    go to the ids in `preferred` (any order) first, then to the smaller id."""
     if not 0 < size <= target_vocab_size:
         raise EagleError(f"draft vocabulary size must be in [1, {target_vocab_size}], got {size}")
     counts = np.bincount(tokens[loss_mask.astype(bool)], minlength=target_vocab_size)
-    order = np.lexsort((np.arange(target_vocab_size), -counts))  # by count descending, then id ascending
+    ids = np.arange(target_vocab_size)
+    not_preferred = ~np.isin(ids, preferred) if preferred is not None else np.zeros(target_vocab_size, bool)
+    order = np.lexsort((ids, not_preferred, -counts))  # by count descending, preferred first, then id ascending
     return DraftVocab.from_used(np.sort(order[:size]), tokens, loss_mask, target_vocab_size)
 
 
