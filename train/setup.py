@@ -236,7 +236,7 @@ def prepare_vocab(cfg: TrainConfig, dcfg: DraftConfig, train: data_lib.Tokenized
     if d2t is not None and not cfg.revocab:
         vocab = DraftVocab.from_used(used_ids(d2t), train.tokens, train.loss_mask, dcfg.target_vocab_size)
     else:
-        preferred = used_ids(d2t) if d2t is not None else None
+        preferred = used_ids(d2t) if d2t is not None else ()
         vocab = select_draft_vocab(train.tokens, train.loss_mask, dcfg.target_vocab_size, dcfg.draft_vocab_size, preferred)
     say(f"draft vocabulary: {dcfg.draft_vocab_size} of {dcfg.target_vocab_size} target ids cover {vocab.coverage:.2%} of assistant tokens")
     mesh_lib.on_main_process(lambda: vocab.save(path), "vocab")

@@ -56,7 +56,7 @@ class DraftVocab:
 
 
 def select_draft_vocab(
-    tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_size: int, size: int, preferred: np.ndarray | None = None,
+    tokens: np.ndarray, loss_mask: np.ndarray, target_vocab_size: int, size: int, preferred: np.ndarray | tuple = (),
 ) -> DraftVocab:
     """The `size` most frequent target ids among tokens (N,) where loss_mask (N,) is set; equal counts
     go to the ids in `preferred` (any order) first, then to the smaller id."""
@@ -64,8 +64,7 @@ def select_draft_vocab(
         raise EagleError(f"draft vocabulary size must be in [1, {target_vocab_size}], got {size}")
     counts = np.bincount(tokens[loss_mask.astype(bool)], minlength=target_vocab_size)
     ids = np.arange(target_vocab_size)
-    not_preferred = ~np.isin(ids, preferred) if preferred is not None else np.zeros(target_vocab_size, bool)
-    order = np.lexsort((ids, not_preferred, -counts))  # by count descending, preferred first, then id ascending
+    order = np.lexsort((ids, ~np.isin(ids, preferred), -counts))  # by count descending, preferred first, then id ascending
     return DraftVocab.from_used(np.sort(order[:size]), tokens, loss_mask, target_vocab_size)
 
 
