@@ -16,7 +16,7 @@ tree sweeps with auto-tuning, batch-size throughput and plots. Writes OUT.json a
 <numbers> = bench_report.summarize(): num_prompts, num_turns, tau, spec_tokens_per_s,
 ar_tokens_per_s, speedup, mean_speedup, identical_to_ar, identical_prompts, new_tokens,
 ar_new_tokens, rounds, spec_wall_s, ar_wall_s, spec_compile_s, ar_compile_s, accept_histogram,
-mean_prompt_tokens.
+acceptance_by_depth, mean_prompt_tokens.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ tau = (new tokens - turns) / rounds: each round emits its accepted draft tokens 
 own token); each turn's first token comes from prefill, not from a round (RunResult.tau).
 Tokens/s of a mode = its total new tokens / its total decode wall time (compile excluded);
 speedup = speculative tokens/s / plain tokens/s over the same prompts; mean_speedup = the mean of
-the per-prompt ratios.
+the per-prompt ratios. acceptance_by_depth[d] = the share of rounds that accepted a (d+1)-th draft
+token among those that accepted d of them (`acceptance_by_depth`): where along a drafted path the
+target starts to disagree.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ def merged(conversations) -> RunResult | None:
     return merge(results) if results else None
 
 
+def acceptance_by_depth(histogram: list[int]) -> list[float | None]:
+    """Per depth d = 0 .. P-2, P(a round accepts > d draft tokens | it accepts >= d), from the
+    histogram (P,) of rounds by accepted draft tokens; None where no round got that far."""
+    reached = [sum(histogram[d:]) for d in range(len(histogram))]  # rounds that accepted >= d
+    return [reached[d + 1] / reached[d] if reached[d] else None for d in range(len(histogram) - 1)]
+
+
 def summarize(records: list[PromptRecord]) -> dict:
     """Aggregate numbers of a set of prompts (see the module docstring for the definitions)."""
     spec, plain = merged(rec.spec for rec in records), merged(rec.plain for rec in records)
@@ -50,6 +59,7 @@ def summarize(records: list[PromptRecord]) -> dict:
     identical = [rec.identical_to_ar for rec in records]
     main = spec or plain
     inputs = [n for rec in records for n in (rec.spec or rec.plain).prompt_tokens]
+    histogram = spec.accept_histogram.sum(0).tolist() if spec and spec.accept_histogram.size else None
     return {
         "num_prompts": len(records),
         "num_turns": sum(len(rec.prompt.turns) for rec in records),
@@ -67,7 +77,8 @@ def summarize(records: list[PromptRecord]) -> dict:
         "ar_wall_s": plain.wall_s if plain else None,
         "spec_compile_s": spec.compile_s if spec else None,
         "ar_compile_s": plain.compile_s if plain else None,
-        "accept_histogram": spec.accept_histogram.sum(0).tolist() if spec and spec.accept_histogram.size else None,
+        "accept_histogram": histogram,
+        "acceptance_by_depth": acceptance_by_depth(histogram) if histogram else None,
         "mean_prompt_tokens": sum(inputs) / len(inputs),
     }
 
@@ -154,6 +165,7 @@ def format_report(report: dict) -> str:
     parts.append(
         f"mean per-prompt speedup {_cell(s['mean_speedup'])}; compile excluded: spec {_cell(s['spec_compile_s'])} s, "
         f"plain {_cell(s['ar_compile_s'])} s; accepted-draft-token histogram {s['accept_histogram']}"
+        + (f"; acceptance by depth {' / '.join(map(_cell, s['acceptance_by_depth']))}" if s["acceptance_by_depth"] else "")
     )
     if report["per_variant"]:
         parts.append(format_table(["variant"] + SUMMARY_COLUMNS + ["prompt tokens"],

@@ -217,12 +217,18 @@ def test_tau_and_speedup_arithmetic():
     assert by_category["x"]["speedup"] == pytest.approx(2.0)
 
 
+def test_acceptance_by_depth_is_conditional_on_reaching_the_depth():
+    # rounds that accepted 0, 1, 2, 3 draft tokens: 1950 rounds, 1150 accepted one, 542 two, 329 three
+    assert bench_report.acceptance_by_depth([800, 608, 213, 329]) == pytest.approx([1150 / 1950, 542 / 1150, 329 / 542])
+    assert bench_report.acceptance_by_depth([5, 0, 0]) == [0.0, None]  # no round reached depth 1
+
+
 # ----------------------------------------------------------------------------- `eagle-jax bench` end to end
 
 SUMMARY_KEYS = {
     "tau", "spec_tokens_per_s", "ar_tokens_per_s", "speedup", "mean_speedup", "identical_to_ar", "num_prompts",
     "new_tokens", "model", "draft", "tree", "sampling", "max_new_tokens", "dtype", "attention", "machine",
-    "spec_compile_s", "ar_compile_s", "accept_histogram",
+    "spec_compile_s", "ar_compile_s", "accept_histogram", "acceptance_by_depth",
 }
 
 
@@ -284,6 +290,10 @@ def test_out_json_schema(full_run):
     assert s["tau"] >= 1.0 and s["spec_tokens_per_s"] > 0 and s["ar_tokens_per_s"] > 0
     assert s["speedup"] == pytest.approx(s["spec_tokens_per_s"] / s["ar_tokens_per_s"])
     assert sum(s["accept_histogram"]) == s["rounds"]
+    reached = s["rounds"]  # rounds that accepted >= d draft tokens, rebuilt from the conditional shares
+    for d, share in enumerate(s["acceptance_by_depth"]):
+        reached = reached * share if share is not None else 0
+        assert reached == pytest.approx(sum(s["accept_histogram"][d + 1:]))
 
 
 def test_greedy_speculative_output_is_plain_output(full_run):
