@@ -1,5 +1,8 @@
 """Acceptance of a verified draft tree: greedy (exact match) and lossless sampling (recursive
-rejection over siblings, SpecInfer style, deterministic top-k proposals q(x) = 1)."""
+rejection over siblings, SpecInfer style). A deterministic proposal (a top-k child, a looked-up
+token) is tried as q = one-hot; the children a sampled tree drew from the draft distribution q
+without replacement are tried against q with the earlier draws removed (Jeon et al., recursive
+speculative decoding)."""
 
 from __future__ import annotations
 
@@ -44,38 +47,52 @@ def children_table(parents: jax.Array, width: int) -> jax.Array:
 def accept_sampling(rng: jax.Array, tree: DraftTree, logits: jax.Array, sampling: SamplingConfig, tree_cfg: TreeConfig) -> Acceptance:
     """Lossless acceptance under `sampling` (the target's temperature / top-p / top-k).
 
-    Walking down from the root, the children of the current node are tried in order: child x is
-    accepted with probability p(x); on rejection p(x) is zeroed and p renormalised. When a level
-    rejects every child, the bonus is drawn from that residual; otherwise from p at the last node.
+    Walking down from the root, the children of the current node are tried in order against the
+    residual target distribution r (p at first): child x, proposed with probability q(x), is
+    accepted with probability min(1, r(x) / q(x)); on rejection r becomes max(r - q, 0)
+    renormalised. q is one-hot at x for a deterministic child (so r(x) is zeroed), and for a drawn
+    child the node's draw distribution without the siblings drawn before it. When a level rejects
+    every child, the bonus is drawn from r; otherwise from p at the last node.
     """
     probs = target_probs(logits, sampling)  # (B, T, V)
     keys = jax.random.split(rng, logits.shape[0])
-    return jax.vmap(lambda key, tok, par, dep, p: accept_row(key, tok, par, dep, p, tree_cfg))(
-        keys, tree.tokens, tree.parents, tree.depths, probs
+    b, t = tree.tokens.shape
+    drawn = tree.draw_probs is not None
+    draw_probs = tree.draw_probs if drawn else jnp.zeros((b, t, 1), jnp.float32)
+    draw_vocab = tree.draw_vocab if drawn else jnp.zeros((b, 1), jnp.int32)
+    is_drawn = ~tree.looked_up if drawn else jnp.zeros((b, t), bool)  # the node was drawn (the root never is tried)
+    return jax.vmap(lambda *row: accept_row(*row, tree_cfg))(
+        keys, tree.tokens, tree.parents, tree.depths, probs, draw_probs, draw_vocab, is_drawn
     )
 
 
-def accept_row(rng, tokens, parents, depths, probs, tree_cfg: TreeConfig) -> Acceptance:
-    """One row: tokens, parents, depths (T,), probs (T, V)."""
+def accept_row(rng, tokens, parents, depths, probs, draw_probs, draw_vocab, is_drawn, tree_cfg: TreeConfig) -> Acceptance:
+    """One row: tokens, parents, depths, is_drawn (T,), probs (T, V), draw_probs (T, Vd) with
+    draw_vocab (Vd,) their target ids."""
     children = children_table(parents, tree_cfg.max_children)
     max_depth, width = tree_cfg.max_path - 1, children.shape[1]
     rng_try, rng_bonus = jax.random.split(rng)
     uniforms = jax.random.uniform(rng_try, (max_depth, width))
+    vocab = probs.shape[-1]
 
     def try_level(level, state):
         node, p, stopped = state
+        q_node = jnp.zeros(vocab, jnp.float32).at[draw_vocab].add(draw_probs[node])  # (V,) what node's children were drawn from
 
         def try_child(j, inner):
-            chosen, p = inner
+            chosen, p, q = inner
             child = children[node, j]
             token = tokens[jnp.maximum(child, 0)]
             live = (chosen < 0) & (child >= 0) & ~stopped
-            accept = live & (uniforms[level, j] < p[token])
-            residual = p.at[token].set(0.0)
+            drawn = is_drawn[jnp.maximum(child, 0)]
+            proposal = jnp.where(drawn, q / jnp.maximum(jnp.sum(q), 1e-30), jax.nn.one_hot(token, vocab, dtype=jnp.float32))
+            accept = live & (uniforms[level, j] * proposal[token] < p[token])
+            residual = jnp.maximum(p - proposal, 0.0)
             residual = residual / jnp.maximum(jnp.sum(residual), 1e-30)
-            return jnp.where(accept, child, chosen), jnp.where(live & ~accept, residual, p)
+            rejected = live & ~accept
+            return jnp.where(accept, child, chosen), jnp.where(rejected, residual, p), jnp.where(rejected & drawn, q.at[token].set(0.0), q)
 
-        chosen, p = jax.lax.fori_loop(0, width, try_child, (jnp.int32(-1), p))
+        chosen, p, _ = jax.lax.fori_loop(0, width, try_child, (jnp.int32(-1), p, q_node))
         moved = chosen >= 0
         node = jnp.where(moved, chosen, node)
         return node, jnp.where(moved, probs[node], p), stopped | ~moved

@@ -28,7 +28,7 @@ from eagle_jax.kv_cache import KVCache
 from eagle_jax.lookup import lookup_proposals
 from eagle_jax.model import causal_mask, for_blocks, forward, lm_head, make_cache
 from eagle_jax.sampling import SamplingConfig, sample_tokens
-from eagle_jax.tree import DraftTree, TreeConfig, expand_tree
+from eagle_jax.tree import Draw, DraftTree, TreeConfig, expand_tree
 
 
 class SpecOutput(NamedTuple):
@@ -44,10 +44,13 @@ class DraftState(NamedTuple):
     hidden: jax.Array  # (B, d) draft hidden that produced them
 
 
-def check_draft(cfg: ModelConfig, dcfg: DraftConfig, tree: TreeConfig) -> None:
+def check_draft(cfg: ModelConfig, dcfg: DraftConfig, tree: TreeConfig, sampling: SamplingConfig = SamplingConfig()) -> None:
     dcfg.check_target(cfg)
     if tree.top_k > dcfg.draft_vocab_size:
         raise EagleError(f"top_k={tree.top_k} is larger than the draft vocabulary ({dcfg.draft_vocab_size})")
+    if tree.scoring == "sampled" and sampling.greedy:
+        raise EagleError("tree scoring 'sampled' draws the draft's tokens at random, which only sampling can accept: "
+                         "use temperature > 0, or scoring 'dynamic' or 'static' for greedy decoding")
 
 
 def run_draft_context(dparams, dcfg, params, draft_cache, features, tokens, positions, num_new, attn_impl, first=False) -> DraftState:
@@ -62,9 +65,11 @@ def run_draft_context(dparams, dcfg, params, draft_cache, features, tokens, posi
     return DraftState(draft_cache.write(k[None], v[None], num_new), jax.nn.log_softmax(logits, axis=-1), hidden)
 
 
-def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.Array, tree: TreeConfig, attn_impl, history=None) -> DraftTree:
+def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.Array, tree: TreeConfig, attn_impl, history=None,
+               draw: Draw | None = None) -> DraftTree:
     """Grow the tree for root tokens (B,) from the draft state; with tree.lookup, add the chain
-    looked up in `history` (B, S), every token by position with the root last (`lookup_proposals`)."""
+    looked up in `history` (B, S), every token by position with the root last (`lookup_proposals`);
+    draw: the randomness of a sampled tree (scoring "sampled")."""
     b, k = root.shape[0], tree.top_k
     cache = state.cache
     no_levels = jnp.zeros((b, 0, dcfg.num_kv_heads, dcfg.head_dim), cache.k[0].dtype)
@@ -82,7 +87,7 @@ def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.
     if tree.lookup:
         proposals, match_length = lookup_proposals(history, cache.lengths + 1, tree.lookup)
         looked_up = proposals, match_length > 0
-    return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target, looked_up)
+    return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target, looked_up, draw)
 
 
 def generate_spec(
@@ -105,7 +110,7 @@ def generate_spec(
     `generate_ar` with the same arguments. Pure and traceable: jit it with the keyword arguments,
     cfg and dcfg static (see `generate_spec_jit`), or call it inside your own jitted function.
     On CPU, params from `eagle_jax.model.with_block_copies` verify faster."""
-    check_draft(cfg, dcfg, tree)
+    check_draft(cfg, dcfg, tree, sampling)
     b, p = prompt_tokens.shape
     check_prompt_fits(p, cache_len)
     path_len = tree.max_path
@@ -138,12 +143,16 @@ def generate_spec(
 
     def round_(s):
         cache, draft, active = s["cache"], s["draft"], ~s["done"]
-        t = draft_tree(dparams, dcfg, params, draft, s["root"], tree, attn_impl, s.get("history"))
+        rng, key = jax.random.split(s["rng"])
+        draw = None
+        if tree.scoring == "sampled":
+            key, draw_key = jax.random.split(key)
+            draw = Draw(draw_key, sampling.temperature)
+        t = draft_tree(dparams, dcfg, params, draft, s["root"], tree, attn_impl, s.get("history"), draw)
         verify = forward(
             block_params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture, attn_impl=attn_impl
         )
         logits = lm_head(params, verify.hidden)  # (B, T, V)
-        rng, key = jax.random.split(s["rng"])
         acc = accept_greedy(t, logits) if sampling.greedy else accept_sampling(key, t, logits, sampling, tree)
         path = jnp.take_along_axis(t.paths, acc.node[:, None, None], axis=1)[:, 0]  # (B, max_path) root first
         gather = jnp.maximum(path, 0)

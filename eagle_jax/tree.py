@@ -6,6 +6,11 @@ top_k + depth * top_k**2 entries; the best num_nodes - 1 candidates, sorted by p
 parents precede children), become the tree below the root. Levels deeper than the node budget can
 reach are not drafted (`TreeConfig.effective_depth`). A chain is top_k = 1; a static tree
 uses rank-based scores instead of draft log-probs, so the same machinery always picks the same shape.
+A sampled tree has a static tree's shape, but each expanded node's children are drawn from the
+draft distribution without replacement (Gumbel top-k, in draw order) instead of being its top_k;
+the tree keeps the distributions they were drawn from, for lossless recursive rejection sampling
+(`eagle_jax.accept`). Since its shape never depends on the draws, each node's kept children are
+the first draws of that node.
 With `lookup` > 0 the tree also holds one chain of that many tokens looked up in the context
 (`eagle_jax.lookup`), under the root after the drafted nodes. In a row whose root token never
 occurred earlier, nothing is looked up (such a guess was never right), and the rerank fills the
@@ -23,7 +28,7 @@ import jax.numpy as jnp
 
 from eagle_jax.errors import EagleError
 
-SCORINGS = ("dynamic", "static")
+SCORINGS = ("dynamic", "static", "sampled")
 UNFOUND = -1e30  # the pool score of a chain that was not looked up: below every drafted entry
 
 
@@ -101,6 +106,17 @@ class DraftTree(NamedTuple):
     ancestor_mask: jax.Array  # (B, T, T) bool, [r, j] = j is r or an ancestor of r
     depths: jax.Array  # (B, T) int32, root 0
     paths: jax.Array  # (B, T, max_path) int32 node indices root -> node, -1 past the node's depth
+    # scoring "sampled" only, else None:
+    draw_probs: jax.Array | None = None  # (B, T, Vd) float32 the draft distribution each node's drafted children were drawn from
+    draw_vocab: jax.Array | None = None  # (B, Vd) int32 the target id of each draft-vocabulary entry
+    looked_up: jax.Array | None = None  # (B, T) bool the node comes from the lookup chain (proposed, not drawn)
+
+
+class Draw(NamedTuple):
+    """Randomness of a sampled tree: a key, and the temperature applied to the draft's log-probs."""
+
+    key: jax.Array
+    temperature: float
 
 
 # run_level(carry, hidden (B, K, d), tokens (B, K), level, ancestors (B, K, K*level))
@@ -124,40 +140,72 @@ def expand_tree(
     carry: Any,
     to_target_ids: Callable[[jax.Array], jax.Array],
     looked_up: tuple[jax.Array, jax.Array] | None = None,
+    draw: Draw | None = None,
 ) -> DraftTree:
     """Grow the draft tree level by level and rerank the pool to the node budget. looked_up, with
-    tree.lookup: the chain (B, L) int32 and (B,) bool whether it was found (`lookup_proposals`)."""
-    grow = lambda passes: grow_pool(tree, passes, root_tokens, root_log_probs, root_hidden, run_level, carry, to_target_ids)  # noqa: E731
+    tree.lookup: the chain (B, L) int32 and (B,) bool whether it was found (`lookup_proposals`);
+    draw: the randomness of a sampled tree (required for scoring "sampled", else unused)."""
+    if (tree.scoring == "sampled") != (draw is not None):
+        raise EagleError(f"a Draw is needed by, and only by, scoring 'sampled' (tree scoring {tree.scoring!r})")
+    grow = lambda passes: grow_pool(tree, passes, root_tokens, root_log_probs, root_hidden, run_level, carry, to_target_ids, draw)  # noqa: E731
     if not tree.lookup:
-        return select_nodes(tree, root_tokens, *grow(tree.effective_depth))
+        return select_nodes(tree, root_tokens, grow(tree.effective_depth), to_target_ids)
     proposals, found = looked_up
     if tree.effective_depth == tree.found_depth:
         pool = grow(tree.effective_depth)
     else:  # the passes only rows without a lookup can use run when there is such a row
         entries = tree.pool_entries(tree.effective_depth)
         pool = jax.lax.cond(jnp.all(found), lambda: pad_pool(grow(tree.found_depth), entries), lambda: grow(tree.effective_depth))
-    return select_nodes(tree, root_tokens, *with_lookup_chain(*pool, proposals, found))
+    return select_nodes(tree, root_tokens, with_lookup_chain(pool, proposals, found), to_target_ids)
 
 
-def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_hidden, run_level: DraftLevelFn, carry, to_target_ids):
-    """The candidate pool of `passes` expansion passes (arguments as in `expand_tree`): cumulative
-    scores, target-id tokens and pool index of each entry's parent (-1: the root), each
-    (B, top_k + passes * top_k**2), parents before children."""
+class Pool(NamedTuple):
+    """Candidate nodes, parents before children, each (B, n): cumulative scores, target-id tokens,
+    pool index of the parent (-1: the root); for a sampled tree the draft log-probs each entry's
+    children were drawn from (B, 1 + n, Vd), the root's first (-inf where an entry has none)."""
+
+    scores: jax.Array
+    tokens: jax.Array
+    parents: jax.Array
+    draws: jax.Array | None = None
+
+
+def draw_children(tree: TreeConfig, log_probs: jax.Array, key: jax.Array | None, temperature: float):
+    """(scores, draft ids, the log-probs they were drawn from or None), each (..., K), of the top_k
+    children of nodes with draft log-probs (..., Vd): their top_k, or for a sampled tree top_k draws
+    without replacement at `temperature`, in draw order."""
+    k = tree.top_k
+    if tree.scoring != "sampled":
+        scores, ids = jax.lax.top_k(log_probs, k)
+        return (rank_scores(scores.shape, k) if tree.scoring == "static" else scores), ids, None
+    drawn_from = jax.nn.log_softmax(log_probs / temperature, axis=-1)
+    _, ids = jax.lax.top_k(drawn_from + jax.random.gumbel(key, drawn_from.shape), k)
+    return rank_scores(ids.shape, k), ids, drawn_from
+
+
+def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_hidden, run_level: DraftLevelFn, carry, to_target_ids,
+              draw: Draw | None = None) -> Pool:
+    """The candidate pool of `passes` expansion passes (arguments as in `expand_tree`), of
+    top_k + passes * top_k**2 entries."""
     k = tree.top_k
     b = root_tokens.shape[0]
-    scores, draft_ids = jax.lax.top_k(root_log_probs, k)  # (B, K)
-    if tree.scoring == "static":
-        scores = rank_scores(scores.shape, k)
+    keys = jax.random.split(draw.key, passes + 1) if draw else [None] * (passes + 1)
+    temperature = draw.temperature if draw else 1.0
+    scores, draft_ids, drawn_from = draw_children(tree, root_log_probs, keys[0], temperature)  # (B, K)
     pool_scores, pool_tokens, pool_parents = [scores], [to_target_ids(draft_ids)], [jnp.full((b, k), -1, jnp.int32)]
+    draws = None
+    if draw:  # slot 0: the root; slot 1 + i: pool entry i
+        draws = jnp.full((b, 1 + tree.pool_entries(passes), root_log_probs.shape[-1]), -jnp.inf, jnp.float32).at[:, 0].set(drawn_from)
     run_tokens = pool_tokens[0]
     run_hidden = jnp.repeat(root_hidden[:, None], k, axis=1)  # (B, K, d)
     run_pool_index = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
     run_ancestors = jnp.zeros((b, k, 0), bool)  # earlier-level draft slots each run node descends from
+    take = jax.vmap(lambda x, i: x[i])
     for level in range(passes):
         carry, log_probs, hidden = run_level(carry, run_hidden, run_tokens, level, run_ancestors)
-        child_scores, child_ids = jax.lax.top_k(log_probs, k)  # (B, K, K)
-        if tree.scoring == "static":
-            child_scores = rank_scores(child_scores.shape, k)
+        child_scores, child_ids, drawn_from = draw_children(tree, log_probs, keys[level + 1], temperature)  # (B, K, K)
+        if draw:
+            draws = jax.vmap(lambda d, i, q: d.at[1 + i].set(q))(draws, run_pool_index, drawn_from)
         cumulative = (child_scores + scores[:, :, None]).reshape(b, k * k)
         pool_scores.append(cumulative)
         child_tokens = to_target_ids(child_ids).reshape(b, k * k)
@@ -165,39 +213,42 @@ def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_h
         pool_parents.append(jnp.repeat(run_pool_index, k, axis=1))
         scores, chosen = jax.lax.top_k(cumulative, k)  # next level expands the best K paths
         rows = chosen // k
-        take = jax.vmap(lambda x, i: x[i])
         run_hidden = take(hidden, rows)
         run_tokens = take(child_tokens, chosen)
         run_ancestors = jnp.concatenate([take(run_ancestors, rows), jax.nn.one_hot(rows, k, dtype=bool)], axis=-1)
         run_pool_index = k + level * k * k + chosen
-    return jnp.concatenate(pool_scores, 1), jnp.concatenate(pool_tokens, 1), jnp.concatenate(pool_parents, 1)
+    return Pool(jnp.concatenate(pool_scores, 1), jnp.concatenate(pool_tokens, 1), jnp.concatenate(pool_parents, 1), draws)
 
 
-def pad_pool(pool, entries: int):
-    """The pool (scores, tokens, parents), each (B, n), padded to `entries` with entries scored below all."""
-    return tuple(jnp.pad(x, ((0, 0), (0, entries - x.shape[1])), constant_values=c) for x, c in zip(pool, (UNFOUND, 0, -1)))
+def pad_pool(pool: Pool, entries: int) -> Pool:
+    """The pool padded to `entries` entries, scored below all."""
+    more = entries - pool.scores.shape[1]
+    pad = lambda x, c: jnp.pad(x, ((0, 0), (0, more)) + ((0, 0),) * (x.ndim - 2), constant_values=c)  # noqa: E731
+    return Pool(pad(pool.scores, UNFOUND), pad(pool.tokens, 0), pad(pool.parents, -1), None if pool.draws is None else pad(pool.draws, -jnp.inf))
 
 
-def with_lookup_chain(pool_scores, pool_tokens, pool_parents, proposals, found):
-    """The pool (B, n) with the looked-up chain (B, L) appended, each entry the parent of the next
-    (the first under the root), scored above every drafted entry (cumulative log-probs are <= 0)
-    where found (B,), below them where not."""
-    b, n = pool_scores.shape
+def with_lookup_chain(pool: Pool, proposals, found) -> Pool:
+    """The pool with the looked-up chain (B, L) appended, each entry the parent of the next (the
+    first under the root), scored above every drafted entry (cumulative log-probs are <= 0) where
+    found (B,), below them where not. Nothing is drawn from the chain's entries."""
+    b, n = pool.scores.shape
     length = proposals.shape[1]
-    scores = jnp.broadcast_to(jnp.where(found, 1.0, UNFOUND)[:, None], (b, length)).astype(pool_scores.dtype)
+    scores = jnp.broadcast_to(jnp.where(found, 1.0, UNFOUND)[:, None], (b, length)).astype(pool.scores.dtype)
     parents = jnp.broadcast_to(jnp.arange(n - 1, n + length - 1, dtype=jnp.int32).at[0].set(-1), (b, length))
-    return (jnp.concatenate([pool_scores, scores], 1), jnp.concatenate([pool_tokens, proposals.astype(pool_tokens.dtype)], 1),
-            jnp.concatenate([pool_parents, parents], 1))
+    draws = None if pool.draws is None else jnp.pad(pool.draws, ((0, 0), (0, length), (0, 0)), constant_values=-jnp.inf)
+    return Pool(jnp.concatenate([pool.scores, scores], 1), jnp.concatenate([pool.tokens, proposals.astype(pool.tokens.dtype)], 1),
+                jnp.concatenate([pool.parents, parents], 1), draws)
 
 
-def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_parents) -> DraftTree:
-    """Keep the best size - 1 pool entries (B, pool) in pool order and derive the tree arrays."""
+def select_nodes(tree: TreeConfig, root_tokens, pool: Pool, to_target_ids=None) -> DraftTree:
+    """Keep the best size - 1 pool entries in pool order and derive the tree arrays (a sampled
+    tree's draw distributions in target ids through to_target_ids)."""
     t = tree.size
-    _, chosen = jax.lax.top_k(pool_scores, t - 1)
+    _, chosen = jax.lax.top_k(pool.scores, t - 1)
     chosen = jnp.sort(chosen, axis=-1)  # pool order: parents before children
     take = jax.vmap(lambda x, i: x[i])
-    tokens = jnp.concatenate([root_tokens[:, None], take(pool_tokens, chosen)], axis=1)
-    parent_pool = take(pool_parents, chosen)
+    tokens = jnp.concatenate([root_tokens[:, None], take(pool.tokens, chosen)], axis=1)
+    parent_pool = take(pool.parents, chosen)
     # node index of each parent: its position among the chosen entries, + 1 for the root slot
     parent_node = jax.vmap(jnp.searchsorted)(chosen, parent_pool) + 1
     parents = jnp.concatenate([jnp.zeros_like(root_tokens)[:, None], jnp.where(parent_pool < 0, 0, parent_node)], axis=1)
@@ -207,7 +258,13 @@ def select_nodes(tree: TreeConfig, root_tokens, pool_scores, pool_tokens, pool_p
     for _ in range(tree.max_path - 1):
         ancestors = eye | jax.vmap(lambda a, p: a[p])(ancestors, parents)
     depths = jnp.sum(ancestors, axis=-1).astype(jnp.int32) - 1
-    return DraftTree(tokens.astype(jnp.int32), parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))
+    tree_arrays = (tokens.astype(jnp.int32), parents, ancestors, depths, node_paths(ancestors, depths, tree.max_path))
+    if pool.draws is None:
+        return DraftTree(*tree_arrays)
+    rows = jnp.concatenate([jnp.zeros_like(chosen[:, :1]), chosen + 1], axis=1)  # each node's slot in pool.draws
+    looked_up = jnp.concatenate([jnp.zeros_like(chosen[:, :1], bool), chosen >= pool.scores.shape[1] - tree.lookup], axis=1)
+    vocab = jnp.broadcast_to(to_target_ids(jnp.arange(pool.draws.shape[-1])), (tokens.shape[0], pool.draws.shape[-1]))
+    return DraftTree(*tree_arrays, jnp.exp(take(pool.draws, rows)), vocab, looked_up)
 
 
 def node_paths(ancestors: jax.Array, depths: jax.Array, max_path: int) -> jax.Array:

@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2",
                    help="measure each tree setting: top_k=, depth=, num_nodes= or lookup= values; repeat the flag for a grid")
     p.add_argument("--trees", default=None, metavar="K/D/N[/L],...",
-                   help="measure these trees too (top_k/depth/num_nodes[/lookup] each), after the --sweep grid")
+                   help="measure these trees too (top_k/depth/num_nodes[/lookup] each, with the --scoring given), after the --sweep grid")
     p.add_argument("--auto-tune", action="store_true",
                    help="save the fastest tree of the sweep (default num_nodes=8,16,32,64; fastest: the highest speedup "
                         "over its own plain runs) as DRAFT/tree.json "
@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     # measure every tree as given: settings saved with the head must not switch speculation off
     engine = dataclasses.replace(build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only})), batch_policy=None, speculate=True)
+    listed = [dataclasses.replace(t, scoring=engine.tree.scoring) for t in listed]  # --scoring applies to them too
     trees = list(dict.fromkeys((sweep_trees(sweep_axes, engine.tree) if sweep_axes else []) + listed))
     if not trees and args.auto_tune:
         trees = auto_tune_trees(engine.tree)

@@ -30,14 +30,15 @@ POLICY_FILE = "batch_policy.json"
 
 
 def tree_fields(tree: TreeConfig) -> dict:
-    """The measured and saved fields of a tree (SWEEP_AXES)."""
-    return {axis: getattr(tree, axis) for axis in SWEEP_AXES}
+    """The measured and saved fields of a tree (SWEEP_AXES and its scoring)."""
+    return {axis: getattr(tree, axis) for axis in SWEEP_AXES} | {"scoring": tree.scoring}
 
 
 def tree_from_fields(fields: dict, base: TreeConfig = TreeConfig()) -> TreeConfig:
-    """`base` with the SWEEP_AXES values of a saved or measured row; lookup may be absent (saved
-    before it existed: none)."""
-    return dataclasses.replace(base, **{axis: int(fields.get(axis, 0) if axis == "lookup" else fields[axis]) for axis in SWEEP_AXES})
+    """`base` with the SWEEP_AXES values and scoring of a saved or measured row; lookup and scoring
+    may be absent (saved before they existed: none, and base's scoring)."""
+    values = {axis: int(fields.get(axis, 0) if axis == "lookup" else fields[axis]) for axis in SWEEP_AXES}
+    return dataclasses.replace(base, **values, scoring=str(fields.get("scoring", base.scoring)))
 
 
 def parse_int_list(text: str, flag: str, minimum: int = 1) -> list[int]:
@@ -149,8 +150,8 @@ def load_tuned_tree(draft_dir: str, device_kind: str | None = None, sampled: boo
     path, data = found
     try:
         return tree_from_fields(data)
-    except (KeyError, TypeError, ValueError) as e:
-        raise EagleError(f"{path}: expected integer top_k, depth, num_nodes and lookup ({e})") from None
+    except (KeyError, TypeError, ValueError, EagleError) as e:
+        raise EagleError(f"{path}: expected integer top_k, depth, num_nodes and lookup, and a known scoring ({e})") from None
 
 
 def tuned_speculation_pays(draft_dir: str, device_kind: str | None = None, sampled: bool = False) -> bool:

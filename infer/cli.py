@@ -36,6 +36,7 @@ def non_negative_float(text: str) -> float:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     from eagle_jax.loading.registry import DEFAULT_MODEL
+    from eagle_jax.tree import SCORINGS
 
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in name, HF directory or .gguf file (default: {DEFAULT_MODEL})")
     p.add_argument("--draft", default=None, help="draft head directory (ours, EAGLE-1/2, EAGLE-3, speculators layouts)")
@@ -50,6 +51,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup", type=non_negative_int, default=None,
                    help="draft tree: also verify this many tokens looked up in the context (the continuation of the "
                         "latest earlier occurrence of the last 1-3 tokens), one chain under the root; 0 = none")
+    p.add_argument("--scoring", choices=SCORINGS, default=None,
+                   help="draft tree: 'dynamic' (EAGLE-2: by cumulative draft confidence), 'static' (by rank: a fixed shape) or "
+                        "'sampled' (a fixed shape whose children are drawn from the draft; sampling only, where it accepts "
+                        "more drafted tokens than top-k children); default: the tuned tree's, else dynamic")
     p.add_argument("--cache-len", type=positive_int, default=None, help="KV cache slots (default: fits prompt + max new tokens)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--attention", choices=("auto", "xla", "pallas", "pallas_interpret"), default="auto")
@@ -79,15 +84,16 @@ def build_engine(args):
         draft = load_draft(draft_dir, target.cfg, dtype=dtype)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
     tree, speculate = TreeConfig(), True
-    if draft is not None and args.top_k is None and args.depth is None and args.num_nodes is None and args.lookup is None:
+    if draft is not None and all(getattr(args, flag) is None for flag in ("top_k", "depth", "num_nodes", "lookup")):
         tuned = dict(device_kind=jax.devices()[0].device_kind, sampled=not sampling.greedy)
         tree = load_tuned_tree(draft_dir, **tuned) or tree
-        speculate = tuned_speculation_pays(draft_dir, **tuned)
+        speculate = args.scoring is not None or tuned_speculation_pays(draft_dir, **tuned)
     tree = TreeConfig(
         top_k=args.top_k or tree.top_k,
         depth=tree.depth if args.depth is None else args.depth,
         num_nodes=args.num_nodes or tree.num_nodes,
         lookup=tree.lookup if args.lookup is None else args.lookup,
+        scoring=args.scoring or tree.scoring,
     )
     policy = load_batch_policy(draft_dir) if draft is not None else None
     return Engine(target, draft, tree, sampling, args.max_new_tokens, args.cache_len, args.attention, policy, speculate)
@@ -95,7 +101,7 @@ def build_engine(args):
 
 ESTIMATE_TOKENS = 64
 NOT_TUNED_TO_PAY = ("decoded plainly: when this head's tree was tuned here (eagle-jax bench --auto-tune) no tree beat plain "
-                    "decoding in this mode; pass --top-k/--depth/--num-nodes/--lookup to speculate anyway")
+                    "decoding in this mode; pass --top-k/--depth/--num-nodes/--lookup/--scoring to speculate anyway")
 
 
 def speedup_estimate(engine, ids: list[int], seed: int) -> float:

@@ -70,7 +70,7 @@ class Engine:
         if self.max_new_tokens < 1:
             raise EagleError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft is not None:
-            check_draft(self.target.cfg, self.draft[0], self.tree)
+            check_draft(self.target.cfg, self.draft[0], self.tree, self.sampling)
             if self.spec_params is None or self.spec_params["layers"] is not self.target.params["layers"]:
                 self.spec_params = with_block_copies(self.target.params)
         self._compiled = collections.OrderedDict()

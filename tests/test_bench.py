@@ -284,7 +284,7 @@ def test_out_json_schema(full_run):
     assert set(report) == {"summary", "per_prompt", "per_category", "per_variant", "sweep", "batch", "auto_tune"}
     s = report["summary"]
     assert SUMMARY_KEYS <= set(s)
-    assert s["tree"] == {"top_k": 2, "depth": 2, "num_nodes": 4, "lookup": 0} and s["draft"] == draft and s["max_new_tokens"] == 8
+    assert s["tree"] == {"top_k": 2, "depth": 2, "num_nodes": 4, "lookup": 0, "scoring": "dynamic"} and s["draft"] == draft and s["max_new_tokens"] == 8
     assert s["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
     assert {"platform", "device_kind", "cpu_count", "jax_version"} <= set(s["machine"])
     assert s["tau"] >= 1.0 and s["spec_tokens_per_s"] > 0 and s["ar_tokens_per_s"] > 0

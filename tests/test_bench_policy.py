@@ -84,18 +84,22 @@ def test_a_tuning_run_where_no_tree_paid_turns_speculation_off_for_its_mode_only
 def test_tuned_tree_round_trip(tmp_path):
     assert load_tuned_tree(str(tmp_path)) is None
     path = save_tuned_tree(str(tmp_path), TreeConfig(3, 5, 24), {"device_kind": "cpu"})
-    assert json.load(open(path)) == {"top_k": 3, "depth": 5, "num_nodes": 24, "lookup": 0, "speculate": True, "measured_on": {"device_kind": "cpu"}}
+    assert json.load(open(path)) == {"top_k": 3, "depth": 5, "num_nodes": 24, "lookup": 0, "scoring": "dynamic", "speculate": True, "measured_on": {"device_kind": "cpu"}}
     assert load_tuned_tree(str(tmp_path)) == TreeConfig(3, 5, 24)
     assert load_tuned_tree(str(tmp_path), device_kind="cpu") == TreeConfig(3, 5, 24)
     assert load_tuned_tree(str(tmp_path), device_kind="NVIDIA H200") is None
     save_tuned_tree(str(tmp_path), TreeConfig(2, 1, 3, lookup=6), {"device_kind": "cpu"})
     assert load_tuned_tree(str(tmp_path)) == TreeConfig(2, 1, 3, lookup=6)
-    with open(path, "w") as f:  # saved before lookup existed: none
+    sampled = save_tuned_tree(str(tmp_path), TreeConfig(2, 1, 3, "sampled"), {"device_kind": "cpu"}, sampled=True)
+    assert load_tuned_tree(str(tmp_path), sampled=True) == TreeConfig(2, 1, 3, "sampled")
+    os.remove(sampled)
+    with open(path, "w") as f:  # saved before lookup and scoring existed: none, and dynamic
         json.dump({"top_k": 3, "depth": 5, "num_nodes": 24}, f)
     assert load_tuned_tree(str(tmp_path)) == TreeConfig(3, 5, 24)
-    with open(path, "w") as f:
-        f.write('{"top_k": 3}')
-    assert "tree.json" in one_line_error(load_tuned_tree, str(tmp_path))
+    for bad in ('{"top_k": 3}', '{"top_k": 3, "depth": 5, "num_nodes": 24, "scoring": "best"}'):
+        with open(path, "w") as f:
+            f.write(bad)
+        assert "tree.json" in one_line_error(load_tuned_tree, str(tmp_path))
 
 
 def row(batch, nodes, ar, spec):

@@ -140,6 +140,15 @@ def test_speculative_generate_with_a_head_directory_matches_plain(tmp_path, smol
     assert done.returncode == 0, done.stderr
     sampled = json.loads(done.stdout)
     assert sampled["mode"] == "plain" and "rounds" not in sampled and "--auto-tune" in sampled["why_plain"]
+    # --scoring alone speculates anyway, with the tuned tree's shape
+    done = subprocess.run([sys.executable, "-m", "eagle_jax.infer", *common, "--draft", str(tmp_path / "head"), "--temperature", "1",
+                           "--scoring", "sampled", "--no-estimate"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    sampled = json.loads(done.stdout)
+    assert sampled["mode"] == "speculative" and sampled["tree"] == {"top_k": 1, "depth": 1, "num_nodes": 2, "scoring": "sampled", "lookup": 0}
+    done = subprocess.run([sys.executable, "-m", "eagle_jax.infer", *common, "--draft", str(tmp_path / "head"), "--scoring", "sampled"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "only sampling can accept" in done.stderr, done.stderr
 
 
 @pytest.mark.slow

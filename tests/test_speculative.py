@@ -178,6 +178,7 @@ def test_callable_inside_a_users_jit():
         (dict(tree=TreeConfig(8, 1, 4)), "larger than the draft vocabulary"),
         (dict(dcfg_override=dict(target_hidden_size=64)), "target hidden size"),
         (dict(cache_len=16), "does not fit a cache"),
+        (dict(tree=TreeConfig(2, 1, 4, "sampled")), "only sampling can accept"),
     ],
 )
 def test_bad_input_gives_one_line_errors(change, message):
@@ -217,19 +218,24 @@ def chi_square_p(counts, probs, min_expected=5.0):
 
 
 @pytest.mark.parametrize(
-    "sampling, tree",
+    "sampling, tree, draft_vocab",
     [
-        (SamplingConfig(temperature=1.0), TreeConfig(3, 1, 7)),
-        (SamplingConfig(temperature=0.7, top_p=0.9), TreeConfig(3, 1, 7)),
-        (SamplingConfig(temperature=1.0), TreeConfig(2, 1, 4, lookup=2)),  # looked-up siblings and a deeper chain
-        (SamplingConfig(temperature=1.0), TreeConfig(2, 2, 2, lookup=2)),  # drafted nodes where nothing is looked up
+        (SamplingConfig(temperature=1.0), TreeConfig(3, 1, 7), 6),
+        (SamplingConfig(temperature=0.7, top_p=0.9), TreeConfig(3, 1, 7), 6),
+        (SamplingConfig(temperature=1.0), TreeConfig(2, 1, 4, lookup=2), 6),  # looked-up siblings and a deeper chain
+        (SamplingConfig(temperature=1.0), TreeConfig(2, 2, 2, lookup=2), 6),  # drafted nodes where nothing is looked up
+        # sampled trees: children drawn from the draft, tried against what they were drawn from
+        (SamplingConfig(temperature=1.0), TreeConfig(3, 1, 7, "sampled"), 6),
+        (SamplingConfig(temperature=0.7, top_p=0.9), TreeConfig(2, 2, 6, "sampled"), 6),
+        (SamplingConfig(temperature=1.0), TreeConfig(2, 1, 4, "sampled", lookup=2), 6),  # drawn and looked-up siblings
+        (SamplingConfig(temperature=1.0), TreeConfig(3, 1, 5, "sampled"), 4),  # a draft vocabulary of 4 of the 6 tokens
     ],
 )
-def test_speculative_sampling_follows_the_target_distribution(sampling, tree):
+def test_speculative_sampling_follows_the_target_distribution(sampling, tree, draft_vocab):
     n_tokens, samples = 3, 24_000
     cfg = tiny_config(vocab_size=6)
     params = init_params(jax.random.key(5), cfg, scale=0.4)
-    dcfg = DraftConfig.for_target(cfg, kind="eagle3", draft_vocab_size=6)
+    dcfg = DraftConfig.for_target(cfg, kind="eagle3", draft_vocab_size=draft_vocab)
     dparams = init_draft_params(jax.random.key(6), dcfg, scale=0.4)
     prompt = np.array([1, 4, 2], np.int32)
     tokens = jnp.asarray(np.broadcast_to(prompt, (samples, 3)))

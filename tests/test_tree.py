@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eagle_jax.accept import accept_greedy, children_table
+from eagle_jax.accept import accept_greedy, accept_sampling, children_table
 from eagle_jax.errors import EagleError
 from eagle_jax.lookup import lookup_proposals
-from eagle_jax.tree import TreeConfig, expand_tree, grow_pool, select_nodes
+from eagle_jax.sampling import SamplingConfig, target_probs
+from eagle_jax.tree import Draw, DraftTree, TreeConfig, expand_tree, grow_pool, select_nodes
 
 VOCAB = 12
 
@@ -122,7 +123,7 @@ def build_from_every_pass(tree: TreeConfig, table, roots):
     b = roots.shape[0]
     root_lp = jax.nn.log_softmax(table[roots], axis=-1)
     pool = grow_pool(tree, tree.depth, roots, root_lp, jnp.zeros((b, 4)), table_draft(table), None, lambda ids: ids)
-    return select_nodes(tree, roots, *pool)
+    return select_nodes(tree, roots, pool)
 
 
 small_budgets = st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(2, 5), st.sampled_from(["dynamic", "static"])).filter(
@@ -263,3 +264,57 @@ def test_parse_chains_rejects_chains_past_the_ttt_steps_or_the_budget():
     for bad in ("4/1", "0/3", "1", "a/b", "1/-1", "1/3/4", "2/3/1", "1/1/3", "1/2/3/4"):
         with pytest.raises(SystemExit, match="--chains"):
             script.parse_chains(bad, ttt_steps=3)
+
+
+# ----------------------------------------------------------------------------- sampled trees
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def build_sampled(tree: TreeConfig, table, roots, key, chain=None, found=None):
+    b = roots.shape[0]
+    root_lp = jax.nn.log_softmax(table[roots], axis=-1)
+    looked_up = (chain, found) if tree.lookup else None
+    return expand_tree(tree, roots, root_lp, jnp.zeros((b, 4)), table_draft(table), None, lambda ids: ids, looked_up, Draw(key, 0.8))
+
+
+def test_sampled_tree_has_the_static_shape_and_draws_each_nodes_children_without_replacement():
+    tree = TreeConfig(3, 2, 8, "sampled", lookup=2)
+    rng = np.random.default_rng(3)
+    table = jnp.asarray(rng.normal(size=(VOCAB, VOCAB)) * 2, jnp.float32)
+    roots = jnp.asarray([1, 5, 7], jnp.int32)
+    chain, found = jnp.asarray(rng.integers(0, VOCAB, size=(3, 2)), jnp.int32), jnp.asarray([True, False, True])
+    static = jax.tree.map(np.asarray, build(TreeConfig(3, 2, 8, "static", lookup=2), table, roots, chain, found))
+    shapes, first_children = set(), []
+    for seed in range(200):
+        t = jax.tree.map(np.asarray, build_sampled(tree, table, roots, jax.random.key(seed), chain, found))
+        np.testing.assert_array_equal(t.parents, static.parents)  # the shape never depends on the draws
+        np.testing.assert_array_equal(t.looked_up, (np.arange(tree.size)[None] >= tree.num_nodes) & np.asarray(found)[:, None])
+        for b in range(3):
+            for node in range(tree.size):
+                kids = [c for c in range(tree.size) if static.parents[b, c] == node and c > 0 and not t.looked_up[b, c]]
+                assert len(set(t.tokens[b, kids])) == len(kids)  # without replacement
+                if kids:  # drawn from the node's draft distribution at the draw temperature
+                    want = np.asarray(jax.nn.softmax(table[t.tokens[b, node]] / 0.8))
+                    np.testing.assert_allclose(t.draw_probs[b, node], want, rtol=1e-5, atol=1e-6)
+        shapes.add(tuple(map(tuple, t.tokens[:, 1:3])))
+        first_children.append(t.tokens[0, 1])
+    assert len(shapes) > 100  # the draws differ from key to key
+    counts = np.bincount(first_children, minlength=VOCAB)
+    expected = np.asarray(jax.nn.softmax(table[1] / 0.8)) * len(first_children)
+    assert np.all(np.abs(counts - expected) < 4 * np.sqrt(expected + 1))  # the first draw follows q
+
+
+def test_drawn_children_are_tried_against_the_distribution_they_were_drawn_from():
+    """A chain whose draft distribution equals the target's is accepted to its end: min(1, p/q) = 1.
+    Tried as fixed proposals (q = one-hot), the same tokens would be accepted with probability p."""
+    tree_cfg = TreeConfig(1, 2, 4, "sampled")
+    logits = jax.random.normal(jax.random.key(0), (1, 4, VOCAB)) * 2
+    probs = target_probs(logits, SamplingConfig(1.0))
+    tokens = jnp.asarray([[3, 0, 7, 2]], jnp.int32)
+    eye = np.tril(np.ones((4, 4), bool))[None]
+    paths = jnp.asarray(np.where(eye, np.arange(4)[None, None], -1), jnp.int32)
+    chain = DraftTree(tokens, jnp.asarray([[0, 0, 1, 2]], jnp.int32), jnp.asarray(eye), jnp.arange(4, dtype=jnp.int32)[None], paths)
+    drawn = chain._replace(draw_probs=probs, draw_vocab=jnp.arange(VOCAB, dtype=jnp.int32)[None], looked_up=jnp.zeros((1, 4), bool))
+    accept = jax.jit(lambda key, t: accept_sampling(key, t, logits, SamplingConfig(1.0), tree_cfg).num_accepted[0])
+    assert all(int(accept(jax.random.key(i), drawn)) == 3 for i in range(50))
+    assert sum(int(accept(jax.random.key(i), chain)) for i in range(50)) < 100
