@@ -192,8 +192,8 @@ def tree_for_batch(tree: TreeConfig, batch: int, table: list[dict]) -> TreeConfi
     The decision is taken at the smallest measured batch size >= `batch` (the largest measured one
     beyond the table): speculation pays less as the batch grows, so rounding up errs toward plain
     decoding. There, the tree with the highest speculative tokens/s wins if it beats plain decoding,
-    else None. `tree` supplies the fields the table does not hold (scoring) and is returned unchanged
-    when the table has no speculative measurement.
+    else None. The scoring stays `tree`'s (the table may have been measured in the other decoding
+    mode), and `tree` is returned unchanged when the table has no speculative measurement.
     """
     if batch < 1:
         raise EagleError(f"batch size must be >= 1, got {batch}")
@@ -205,4 +205,4 @@ def tree_for_batch(tree: TreeConfig, batch: int, table: list[dict]) -> TreeConfi
     best = max((r for r in rows if r["batch"] == size), key=lambda r: r["spec_tokens_per_s"])
     if best["spec_tokens_per_s"] <= best["ar_tokens_per_s"]:
         return None
-    return tree_from_fields(best, tree)
+    return tree_from_fields(best | {"scoring": tree.scoring}, tree)

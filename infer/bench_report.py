@@ -108,7 +108,7 @@ def batch_row(batch: int, sequences: int, plain: RunResult, spec: RunResult | No
     spec_tps, ar_tps = tokens_per_s(spec), tokens_per_s(plain)
     return {
         "batch": batch,
-        **(tree_fields(tree) if tree else dict.fromkeys(SWEEP_AXES)),
+        **(tree_fields(tree) if tree else dict.fromkeys(tree_fields(TreeConfig()))),
         "sequences": sequences,
         "ar_tokens_per_s": ar_tps,
         "spec_tokens_per_s": spec_tps,

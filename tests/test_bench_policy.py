@@ -116,6 +116,8 @@ TABLE = [
 def test_tree_for_batch_follows_the_measured_table(tmp_path):
     static = TreeConfig(4, 4, 12, "static")
     assert tree_for_batch(static, 1, TABLE) == TreeConfig(4, 4, 16, "static")  # scoring kept from the given tree
+    sampled_table = [r | {"scoring": "sampled"} for r in TABLE]  # measured while sampling
+    assert tree_for_batch(BASE, 1, sampled_table) == TreeConfig(4, 4, 16)  # greedy decoding keeps its own scoring
     assert tree_for_batch(BASE, 2, TABLE) == TreeConfig(4, 4, 8)  # rounds up to the measured batch 4
     assert tree_for_batch(BASE, 4, TABLE) == TreeConfig(4, 4, 8)
     assert tree_for_batch(BASE, 5, TABLE) is None
