@@ -9,8 +9,8 @@ tree sweeps with auto-tuning, batch-size throughput and plots. Writes OUT.json a
   per_prompt   [{question_id, category, prompt_tokens, answers, <numbers>}]
   per_category {category: <numbers>}
   per_variant  {variant: <numbers>}                      (--variants; else {})
-  sweep        [{top_k, depth, num_nodes, lookup, <numbers>}]   (--sweep / --trees / --auto-tune; else [])
-  batch        [{batch, top_k, depth, num_nodes, lookup, sequences, ar_tokens_per_s, spec_tokens_per_s,
+  sweep        [{top_k, depth, num_nodes, lookup, scoring, <numbers>}]   (--sweep / --trees / --auto-tune; else [])
+  batch        [{batch, top_k, depth, num_nodes, lookup, scoring, sequences, ar_tokens_per_s, spec_tokens_per_s,
                  speedup, tau, ar_new_tokens, spec_new_tokens}]   (--batch-sizes; else [])
   auto_tune    {tree, speculate, tree_file, batch_policy_file} or null
 <numbers> = bench_report.summarize(): num_prompts, num_turns, tau, spec_tokens_per_s,

@@ -188,7 +188,7 @@ def load_batch_policy(draft_dir: str) -> list[dict] | None:
 def tree_for_batch(tree: TreeConfig, batch: int, table: list[dict]) -> TreeConfig | None:
     """The tree to decode `batch` rows with, from a measured table; None = speculation off.
 
-    table rows: {batch, top_k, depth, num_nodes, lookup, ar_tokens_per_s, spec_tokens_per_s} (OUT.json["batch"]).
+    table rows: {batch, top_k, depth, num_nodes, lookup[, scoring], ar_tokens_per_s, spec_tokens_per_s} (OUT.json["batch"]).
     The decision is taken at the smallest measured batch size >= `batch` (the largest measured one
     beyond the table): speculation pays less as the batch grows, so rounding up errs toward plain
     decoding. There, the tree with the highest speculative tokens/s wins if it beats plain decoding,
