@@ -241,8 +241,9 @@ def with_lookup_chain(pool: Pool, proposals, found) -> Pool:
 
 
 def select_nodes(tree: TreeConfig, root_tokens, pool: Pool, to_target_ids=None) -> DraftTree:
-    """Keep the best size - 1 pool entries in pool order and derive the tree arrays (a sampled
-    tree's draw distributions in target ids through to_target_ids)."""
+    """Keep the best size - 1 pool entries in pool order and derive the tree arrays; for a sampled
+    tree also each node's draw distribution (draft vocabulary), the target id of each draft id
+    (through to_target_ids) and which nodes the lookup chain proposed."""
     t = tree.size
     _, chosen = jax.lax.top_k(pool.scores, t - 1)
     chosen = jnp.sort(chosen, axis=-1)  # pool order: parents before children
