@@ -27,7 +27,7 @@ import datetime
 import os
 import sys
 
-from eagle_jax.atomic import write_json_atomic
+from eagle_jax.files import write_json_atomic
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.bench_measure import PromptRecord, fill_batches, measure_batches, measure_prompts
 from eagle_jax.infer.bench_policy import (
@@ -65,7 +65,7 @@ from eagle_jax.infer.prompts import (
     parse_variants,
     select_prompts,
 )
-from eagle_jax.tree import TreeConfig
+from eagle_jax.decoding.tree import TreeConfig
 
 __all__ = ["add_arguments", "run", "load_tuned_tree", "load_batch_policy", "tree_for_batch"]
 

@@ -20,8 +20,8 @@ import json
 import os
 
 from eagle_jax.errors import EagleError
-from eagle_jax.atomic import write_json_atomic
-from eagle_jax.tree import TreeConfig
+from eagle_jax.files import write_json_atomic
+from eagle_jax.decoding.tree import TreeConfig
 
 SWEEP_AXES = ("top_k", "depth", "num_nodes", "lookup")
 AUTO_TUNE_NUM_NODES = (8, 16, 32, 64)  # default --auto-tune budgets, at the given top_k and depth

@@ -21,7 +21,7 @@ import jax
 from eagle_jax.infer.bench_measure import PromptRecord, merge
 from eagle_jax.infer.bench_policy import SWEEP_AXES, tree_fields
 from eagle_jax.infer.engine import RunResult
-from eagle_jax.tree import TreeConfig
+from eagle_jax.decoding.tree import TreeConfig
 
 
 def finite(x: float | None) -> float | None:

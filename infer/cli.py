@@ -36,7 +36,7 @@ def non_negative_float(text: str) -> float:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     from eagle_jax.loading.registry import DEFAULT_MODEL
-    from eagle_jax.tree import SCORINGS
+    from eagle_jax.decoding.tree import SCORINGS
 
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"built-in name, HF directory or .gguf file (default: {DEFAULT_MODEL})")
     p.add_argument("--draft", default=None, help="draft head directory (ours, EAGLE-1/2, EAGLE-3, speculators layouts)")
@@ -71,8 +71,8 @@ def build_engine(args):
     from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import load_target
     from eagle_jax.loading.registry import default_head_dir
-    from eagle_jax.sampling import SamplingConfig
-    from eagle_jax.tree import TreeConfig
+    from eagle_jax.decoding.sampling import SamplingConfig
+    from eagle_jax.decoding.tree import TreeConfig
 
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     target = load_target(args.model, dtype=dtype)

@@ -16,13 +16,14 @@ import numpy as np
 
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
-from eagle_jax.generate_ar import PAD, check_prompt_fits, generate_ar_jit, pad_prompts
+from eagle_jax.decoding.plain import generate_ar_jit
+from eagle_jax.decoding.prompts import PAD, check_prompt_fits, pad_prompts
 from eagle_jax.infer.bench_policy import tree_for_batch
 from eagle_jax.loading import TargetModel
-from eagle_jax.model import with_block_copies
-from eagle_jax.sampling import SamplingConfig
-from eagle_jax.speculative import check_draft, generate_spec_jit
-from eagle_jax.tree import TreeConfig
+from eagle_jax.model.transformer import with_block_copies
+from eagle_jax.decoding.sampling import SamplingConfig
+from eagle_jax.decoding.speculative import check_draft, generate_spec_jit
+from eagle_jax.decoding.tree import TreeConfig
 
 CACHE_BUCKET = 256
 # Executables an engine keeps (least recently used dropped first). On XLA:CPU each compiled generate

@@ -7,7 +7,7 @@ A plain causal step is the special case block_mask = lower-triangular; a tree-ve
 ancestor-or-self mask of the draft tree. GQA: query head h reads kv head h // (H // KV).
 The cache is head-major, (B, KV, S, D): each kv head's keys are one contiguous (S, D) matrix, so
 both products are batched matrix products over (B, KV) with no transposed copy of the cache
-(see eagle_jax/kv_cache.py for what that gained). The new keys come as the projections produce
+(see eagle_jax/model/kv_cache.py for what that gained). The new keys come as the projections produce
 them, (B, Tk, KV, D).
 Scores, softmax and accumulation run in float32; the output has q's dtype. A query that sees no
 key at all (a padded node) returns zeros.

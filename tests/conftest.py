@@ -10,8 +10,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import jax
 import pytest
 
-from eagle_jax.config import ModelConfig
-from eagle_jax.model import init_params
+from eagle_jax.model.config import ModelConfig
+from eagle_jax.model.transformer import init_params
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 

@@ -36,9 +36,9 @@ from eagle_jax.infer.prompts import (
     select_prompts,
 )
 from eagle_jax.loading import TargetModel
-from eagle_jax.model import init_params
-from eagle_jax.sampling import SamplingConfig
-from eagle_jax.tree import TreeConfig
+from eagle_jax.model.transformer import init_params
+from eagle_jax.decoding.sampling import SamplingConfig
+from eagle_jax.decoding.tree import TreeConfig
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -8,12 +8,12 @@ import os
 import pytest
 
 from eagle_jax.errors import EagleError
-from eagle_jax.atomic import write_json_atomic
+from eagle_jax.files import write_json_atomic
 from eagle_jax.infer.bench import load_batch_policy, load_tuned_tree, tree_for_batch
 from eagle_jax.infer.bench_policy import (
     auto_tune_trees, parse_int_list, parse_sweep, parse_trees, save_batch_policy, save_tuned_tree, sweep_trees, tuned_speculation_pays,
 )
-from eagle_jax.tree import TreeConfig
+from eagle_jax.decoding.tree import TreeConfig
 
 BASE = TreeConfig(top_k=4, depth=4, num_nodes=16)
 
@@ -144,7 +144,7 @@ def test_engine_follows_the_batch_policy():
     from eagle_jax.draft import DraftConfig, init_draft_params
     from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import TargetModel
-    from eagle_jax.model import init_params
+    from eagle_jax.model.transformer import init_params
 
     cfg = tiny_config()
     dcfg = DraftConfig.for_target(cfg, kind="eagle3")

@@ -119,7 +119,7 @@ def test_speculative_generate_with_a_head_directory_matches_plain(tmp_path, smol
     from eagle_jax.draft.checkpoint import export_draft
     from eagle_jax.infer.bench_policy import save_tuned_tree
     from eagle_jax.infer.bench_report import describe_machine
-    from eagle_jax.tree import TreeConfig
+    from eagle_jax.decoding.tree import TreeConfig
 
     dcfg = DraftConfig.for_target(smollm2_target.cfg, kind="eagle3", draft_vocab_size=2048)
     export_draft(str(tmp_path / "head"), dcfg, init_draft_params(jax.random.key(0), dcfg))

@@ -24,7 +24,7 @@ from eagle_jax.draft import checkpoint as ckpt
 from eagle_jax.draft.checkpoint import export_draft, load_draft
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import init_draft_params
-from eagle_jax.config import RopeConfig
+from eagle_jax.model.config import RopeConfig
 from eagle_jax.errors import EagleError
 
 TARGET = tiny_config()
@@ -293,7 +293,7 @@ def test_cast_head_script_stores_a_head_in_half_precision(tmp_path):
     dcfg = DraftConfig.for_target(TARGET, **EXPORT_CONFIGS["eagle3_3.1"])
     params = reduced_vocab_params(dcfg, jnp.float32, seed=4)
     export_draft(str(tmp_path / "head"), dcfg, params)
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "cast_head.py"
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tools" / "cast_head.py"
 
     def cast(head, out):
         return subprocess.run([sys.executable, str(script), str(head), "--dtype", "float16", "--out", str(out)],

@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 
 from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.model import draft_forward, draft_to_target_ids, make_draft_cache, project_features
-from eagle_jax.model import ForwardOutput, causal_mask
+from eagle_jax.model.transformer import ForwardOutput, causal_mask
 
 D, F, H, KV, DH = 32, 40, 4, 2, 8  # head sizes; the tiny target has d = 32, V = 96, 6 layers
 DRAFT_VOCAB = 40

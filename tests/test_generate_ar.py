@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
-from eagle_jax.model import causal_mask, forward, init_params, lm_head
-from eagle_jax.sampling import SamplingConfig, processed_log_probs
+from eagle_jax.decoding.plain import generate_ar_jit
+from eagle_jax.decoding.prompts import pad_prompts
+from eagle_jax.model.transformer import causal_mask, forward, init_params, lm_head
+from eagle_jax.decoding.sampling import SamplingConfig, processed_log_probs
 
 CFG = tiny_config(vocab_size=40)
 PARAMS = init_params(jax.random.key(2), CFG, scale=0.3)

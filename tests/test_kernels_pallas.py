@@ -328,7 +328,7 @@ def test_gpu_kernel_compiles_to_sm90_cubin(tmp_path: pathlib.Path) -> None:
 
 def test_device_check_script_smoke(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "kernels_gpu.json"
-    script = REPO / "scripts" / "device_check_kernels.py"
+    script = REPO / "scripts" / "tools" / "device_check_kernels.py"
     run = subprocess.run(
         [sys.executable, str(script), "--smoke", "--out", str(out)],
         capture_output=True, text=True, timeout=300, check=False,

@@ -11,12 +11,13 @@ import pytest
 from conftest import tiny_config
 from eagle_jax.draft import DraftConfig, init_draft_params
 from eagle_jax.errors import EagleError
-from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
-from eagle_jax.layers import InOut
-from eagle_jax.model import causal_mask, forward, init_params, lm_head, with_block_copies
-from eagle_jax.sampling import SamplingConfig, processed_log_probs
-from eagle_jax.speculative import generate_spec, generate_spec_jit
-from eagle_jax.tree import TreeConfig
+from eagle_jax.decoding.plain import generate_ar_jit
+from eagle_jax.decoding.prompts import pad_prompts
+from eagle_jax.model.layers import InOut
+from eagle_jax.model.transformer import causal_mask, forward, init_params, lm_head, with_block_copies
+from eagle_jax.decoding.sampling import SamplingConfig, processed_log_probs
+from eagle_jax.decoding.speculative import generate_spec, generate_spec_jit
+from eagle_jax.decoding.tree import TreeConfig
 
 # A small vocabulary makes random heads right often enough to exercise deep accepted paths.
 CFG = tiny_config(vocab_size=8)

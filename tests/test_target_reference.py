@@ -1,5 +1,5 @@
 """Target logits and hidden states equal transformers' PyTorch models (fixtures from
-scripts/make_reference_fixtures.py, run with torch 2.13.0 in a Python 3.11 venv)."""
+scripts/tools/make_reference_fixtures.py, run with torch 2.13.0 in a Python 3.11 venv)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
-from eagle_jax.generate_ar import last_valid, prefill
+from eagle_jax.decoding.prompts import last_valid, prefill
 from eagle_jax.loading import load_target
-from eagle_jax.layers import FEW_ROWS, InOut, dense
-from eagle_jax.model import causal_mask, for_blocks, forward, lm_head, make_cache, with_block_copies
+from eagle_jax.model.layers import FEW_ROWS, InOut, dense
+from eagle_jax.model.transformer import causal_mask, for_blocks, forward, lm_head, make_cache, with_block_copies
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"]
 

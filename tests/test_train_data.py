@@ -183,7 +183,7 @@ def test_vocab_coverage_script_measures_held_out_coverage(tmp_path):
     (tmp_path / "data").mkdir()
     train.save(str(tmp_path / "data" / "train.npz"))
     dev.save(str(tmp_path / "data" / "dev.npz"))
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "vocab_coverage.py"
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tools" / "vocab_coverage.py"
     run = subprocess.run(
         [sys.executable, str(script), str(tmp_path), "--sizes", "1", "2", "5", "--target-vocab-size", "8"],
         capture_output=True, text=True, timeout=120, check=False,
@@ -224,7 +224,7 @@ def test_sharegpt_slice_leaves_out_held_out_questions(tmp_path):
         json.dumps({"question_id": "sharegpt-c1", "category": "sharegpt", "turns": ["other text"]}) + "\n"
         + json.dumps({"question_id": "x9", "category": "sharegpt", "turns": ["Repeated question"]}) + "\n"
     )
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "sharegpt_slice.py"
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tools" / "sharegpt_slice.py"
     out = tmp_path / "slice.jsonl"
     run = subprocess.run(
         [sys.executable, str(script), "--data", str(data), "--start", "1", "--count", "3", "--first-turn",
@@ -254,7 +254,7 @@ def test_sharegpt_slice_takes_earlier_answers_from_a_regeneration(tmp_path):
     answered = lambda cid, question: {"id": cid, "messages": [["system", "be brief"], ["user", question], ["assistant", f"own {cid}"]]}  # noqa: E731
     regenerated.write_text("".join(json.dumps(r) + "\n" for r in (answered("c0", "q1"), answered("c1", "q1"), answered("c3", "other"),
                                                                   answered("c4", "q1"))))
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "sharegpt_slice.py"
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tools" / "sharegpt_slice.py"
     out = tmp_path / "slice.jsonl"
     argv = [sys.executable, str(script), "--data", str(data), "--count", "5", "--turns", "2", "--out", str(out)]
     run = subprocess.run([*argv, "--answers", str(regenerated)], capture_output=True, text=True, timeout=120, check=False)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from eagle_jax.draft import DraftConfig, draft_forward, init_draft_params, project_features
-from eagle_jax.kv_cache import KVCache
-from eagle_jax.model import causal_mask, forward
+from eagle_jax.model.kv_cache import KVCache
+from eagle_jax.model.transformer import causal_mask, forward
 from eagle_jax.train.losses import eagle1_loss, eagle3_loss, restrict_to_draft_vocab, shift_left
 from eagle_jax.train.optim import OptimConfig, learning_rate
 from eagle_jax.train.ttt import unroll

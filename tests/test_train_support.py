@@ -13,7 +13,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from conftest import tiny_config
-from eagle_jax.model import init_params
+from eagle_jax.model.transformer import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<unk>"]

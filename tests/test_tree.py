@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eagle_jax.accept import accept_greedy, accept_sampling, children_table
+from eagle_jax.decoding.accept import accept_greedy, accept_sampling, children_table
 from eagle_jax.errors import EagleError
-from eagle_jax.lookup import lookup_proposals
-from eagle_jax.sampling import SamplingConfig, target_probs
-from eagle_jax.tree import Draw, DraftTree, TreeConfig, expand_tree, grow_pool, select_nodes
+from eagle_jax.decoding.lookup import lookup_proposals
+from eagle_jax.decoding.sampling import SamplingConfig, target_probs
+from eagle_jax.decoding.tree import Draw, DraftTree, TreeConfig, expand_tree, grow_pool, select_nodes
 
 VOCAB = 12
 
@@ -230,7 +230,7 @@ def test_bad_tree_budgets_are_refused(args, message):
 
 
 def _draft_agreement_script():
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "draft_agreement.py"
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmarks" / "draft_agreement.py"
     spec = importlib.util.spec_from_file_location("draft_agreement", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from eagle_jax.atomic import savez_atomic
+from eagle_jax.files import savez_atomic
 from eagle_jax.errors import EagleError
 
 SHAREGPT = "sharegpt"

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from eagle_jax import model as target_model
-from eagle_jax.config import ModelConfig
+from eagle_jax.model import transformer as target_model
+from eagle_jax.model.config import ModelConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.train import mesh as mesh_lib

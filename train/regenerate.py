@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
+from eagle_jax.decoding.plain import generate_ar_jit
+from eagle_jax.decoding.prompts import pad_prompts
 from eagle_jax.loading import TargetModel
 from eagle_jax.train import mesh as mesh_lib
 from eagle_jax.train.data import Conversation, render

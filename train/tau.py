@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from eagle_jax.generate_ar import pad_prompts
-from eagle_jax.speculative import generate_spec_jit
+from eagle_jax.decoding.prompts import pad_prompts
+from eagle_jax.decoding.speculative import generate_spec_jit
 from eagle_jax.train.metrics import EvalContext, EvalHook
-from eagle_jax.tree import TreeConfig
+from eagle_jax.decoding.tree import TreeConfig
 
 
 def dev_prompts(ctx: EvalContext, count: int) -> list[list[int]]:

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from eagle_jax import model as target_model
+from eagle_jax.model import transformer as target_model
 from eagle_jax.draft.checkpoint import export_draft
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import init_draft_params, project_features

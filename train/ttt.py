@@ -23,9 +23,9 @@ import jax.numpy as jnp
 
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import draft_forward
-from eagle_jax.kv_cache import KVCache
-from eagle_jax.layers import many_rows
-from eagle_jax.model import causal_mask
+from eagle_jax.model.kv_cache import KVCache
+from eagle_jax.model.layers import many_rows
+from eagle_jax.model.transformer import causal_mask
 from eagle_jax.train.losses import shift_left
 
 # Training differentiates through the draft's attention and the Pallas kernels define no VJP: training

@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from eagle_jax.atomic import savez_atomic
+from eagle_jax.files import savez_atomic
 from eagle_jax.errors import EagleError
 
 

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
-from eagle_jax.config import ModelConfig, RopeConfig
+from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.loading.hf import read_json, read_safetensors, rope_from_hf

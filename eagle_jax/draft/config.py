@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from eagle_jax.config import ModelConfig, RopeConfig
+from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
 
 KINDS = ("eagle1", "eagle3")

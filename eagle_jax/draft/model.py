@@ -19,10 +19,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from eagle_jax import model as target_model
+from eagle_jax.model import transformer as target_model
 from eagle_jax.draft.config import DraftConfig
-from eagle_jax.kv_cache import KVCache
-from eagle_jax.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
+from eagle_jax.model.kv_cache import KVCache
+from eagle_jax.model.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
 
 
 class DraftOutput(NamedTuple):

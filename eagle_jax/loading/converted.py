@@ -19,7 +19,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 from safetensors.numpy import load_file, save_file
 
-from eagle_jax.config import ModelConfig, RopeConfig
+from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.disk_cache import cache_root
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle_jax.config import ModelConfig, RopeConfig
+from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.loading.params import assemble_params
 

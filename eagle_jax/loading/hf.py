@@ -8,7 +8,7 @@ import os
 import numpy as np
 from safetensors import safe_open
 
-from eagle_jax.config import ModelConfig, RopeConfig
+from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.loading.params import assemble_params
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from eagle_jax.config import ModelConfig
+from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
 
 LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.config import ModelConfig
+from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

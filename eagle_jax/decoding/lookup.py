@@ -1,7 +1,7 @@
 """Draft tokens looked up in the context: the continuation of the latest earlier occurrence of the
 last few tokens (n-gram prompt lookup), proposed as one extra chain under the tree's root. Where
 the root token never occurred before, nothing is found, and the tree gives the chain's slots to
-drafted nodes (`eagle_jax.tree`).
+drafted nodes (`eagle_jax.decoding.tree`).
 
 The draft head is weak at copying (names, quoted text, a repeated line), and the text a model is
 asked to translate, summarise or answer from often reappears in its answer. A lookup costs no

@@ -9,10 +9,10 @@ uses rank-based scores instead of draft log-probs, so the same machinery always 
 A sampled tree has a static tree's shape, but each expanded node's children are drawn from the
 draft distribution without replacement (Gumbel top-k, in draw order) instead of being its top_k;
 the tree keeps the distributions they were drawn from, for lossless recursive rejection sampling
-(`eagle_jax.accept`). Since its shape never depends on the draws, each node's kept children are
+(`eagle_jax.decoding.accept`). Since its shape never depends on the draws, each node's kept children are
 the first draws of that node.
 With `lookup` > 0 the tree also holds one chain of that many tokens looked up in the context
-(`eagle_jax.lookup`), under the root after the drafted nodes. In a row whose root token never
+(`eagle_jax.decoding.lookup`), under the root after the drafted nodes. In a row whose root token never
 occurred earlier, nothing is looked up (such a guess was never right), and the rerank fills the
 chain's slots with further drafted nodes instead: the chain joins the pool scored above every
 drafted entry when it was found, below every one when not.

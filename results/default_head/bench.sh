@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default head's figures in README.md. First the tree budget is tuned on 8 ShareGPT questions
-# used nowhere else (data/sharegpt_tune.jsonl, from `scripts/sharegpt_slice.py --start 12000 --count 8
+# used nowhere else (data/sharegpt_tune.jsonl, from `scripts/tools/sharegpt_slice.py --start 12000 --count 8
 # --min-chars 40 --format bench`) over trees from 2 to 16 verified tokens (top_k/depth/num_nodes/lookup: tokens looked
 # up in the context, whose slots hold drafted nodes where nothing recurs, as far as top_k and depth reach;
 # verifying 5, 8 or 16 tokens costs about 1.4, 1.6 and 1.7 one-token steps on this CPU,
@@ -10,7 +10,7 @@
 # temperature 1 on the first Spec-Bench prompt of each category, with the tree tuned at temperature 1
 # on the same 8 tuning questions (tree_sampled.json).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-results/default_head}
 head=eagle_jax/heads/smollm2-135m-instruct
 mkdir -p "$out"

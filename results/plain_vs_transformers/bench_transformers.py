@@ -6,7 +6,7 @@ are counted as generated token ids (not by re-tokenizing text); wall time covers
 after one warm-up call. Needs torch + transformers + gguf, not JAX:
 
   GGUF=$(.venv/bin/python -c "from eagle_jax.loading import resolve_model_path as r; print(r('smollm2-135m-instruct'))")
-  .venv311/bin/python scripts/bench_transformers.py --prompts P.jsonl --gguf "$GGUF" --max-new-tokens 128 --limit 5 --out hf.json
+  .venv311/bin/python results/plain_vs_transformers/bench_transformers.py --prompts P.jsonl --gguf "$GGUF" --max-new-tokens 128 --limit 5 --out hf.json
   .venv/bin/eagle-jax bench --prompts P.jsonl --ar-only --max-new-tokens 128 --limit 5 --out ours.json
 
 Plain decoding, ours vs transformers: ours.json summary.ar_tokens_per_s / hf.json summary.ar_tokens_per_s.
@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_prompt_module():

@@ -1,10 +1,10 @@
 """One target step of this tree's model code against another checkout's, in one process.
 
     git worktree add /tmp/baseline <commit>
-    .venv/bin/python scripts/bench_step_vs_checkout.py --baseline /tmp/baseline --out results/dense_layout/step_vs_adc7bfb.json
+    .venv/bin/python scripts/benchmarks/bench_step_vs_checkout.py --baseline /tmp/baseline --out results/dense_layout/step_vs_adc7bfb.json
 
 The step: forward over T new tokens (T = 1: a decode step; more: a verify block of that many tree
-nodes, with the (in, out) copies of `eagle_jax.model.with_block_copies` where the checkout has it) with a --cache-slots cache holding --cache-filled tokens (default 512 and 300), then the logits. Both versions load the same model,
+nodes, with the (in, out) copies of `eagle_jax.model.transformer.with_block_copies` where the checkout has it) with a --cache-slots cache holding --cache-filled tokens (default 512 and 300), then the logits. Both versions load the same model,
 are compiled first and timed interleaved (median of --reps calls each); their logits must agree to
 1e-4 of their largest magnitude (float32, products in another order).
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from bench_dense import median_ms
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NEW_TOKENS = (1, 2, 4, 8, 16)
 
 
@@ -63,7 +63,7 @@ def check_checkout(root: str) -> None:
 
 def step_of(root: str, model: str, slots: int, filled: int):
     """(jitted step, params, cache) built from the eagle_jax package under `root`."""
-    kv_cache, loading, model_code = import_checkout(root, "eagle_jax.kv_cache", "eagle_jax.loading", "eagle_jax.model")
+    kv_cache, loading, model_code = import_checkout(root, "eagle_jax.model.kv_cache", "eagle_jax.loading", "eagle_jax.model.transformer")
     KVCache, forward, lm_head, make_cache = kv_cache.KVCache, model_code.forward, model_code.lm_head, model_code.make_cache
     target = loading.load_target(model, with_tokenizer=False)
     cfg = target.cfg
@@ -108,7 +108,7 @@ def main() -> None:
     check_checkout(args.baseline)
     os.environ["EAGLE_JAX_CACHE"] = "off"  # each version converts the GGUF in its own layout
     versions = {name: step_of(root, args.model, args.cache_slots, args.cache_filled) for name, root in (("baseline", args.baseline), ("this_tree", HERE))}
-    from eagle_jax.atomic import write_text_atomic  # this tree's, imported last
+    from eagle_jax.files import write_text_atomic  # this tree's, imported last
     from eagle_jax.infer.bench_report import describe_machine
 
     results = {}

@@ -12,7 +12,7 @@ params = {
 
 The layers are separate arrays walked by a Python loop, not one stacked array scanned over: on
 XLA:CPU the scan's per-layer slice of the weights makes the products of a verify block 1.4-2x
-slower (scripts/bench_dense.py). The price is compile time: every layer is compiled on its own, and
+slower (scripts/benchmarks/bench_dense.py). The price is compile time: every layer is compiled on its own, and
 a generate compiles 3-8x longer than with a scan.
 """
 
@@ -23,10 +23,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.config import ModelConfig
+from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
-from eagle_jax.kv_cache import KVCache
-from eagle_jax.layers import InOut, dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
+from eagle_jax.model.kv_cache import KVCache
+from eagle_jax.model.layers import InOut, dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
 
 
 class ForwardOutput(NamedTuple):
@@ -98,11 +98,11 @@ PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 def with_block_copies(params: dict) -> dict:
     """params plus, on CPU, "block_layers": every layer again with its projections as (in, out)
-    copies (`eagle_jax.layers.InOut`), which forwards over blocks of tokens use (`for_blocks`).
+    copies (`eagle_jax.model.layers.InOut`), which forwards over blocks of tokens use (`for_blocks`).
 
     XLA:CPU multiplies 2-16 rows by an (in, out) matrix faster than by the stored (out, in) one,
     which stays faster for one row (decode steps): with the copies a verify step over 2-8 tokens is
-    1.07-1.19x faster (`python scripts/bench_step_vs_checkout.py`, results/dense_layout). Make them
+    1.07-1.19x faster (`python scripts/benchmarks/bench_step_vs_checkout.py`, results/dense_layout). Make them
     once, where the params are loaded for speculative decoding: they hold the projections' memory
     again (about 0.4 GB for SmolLM2-135M in float32) and take about 0.2 s on the 2-core CPU; inside a
     jitted generate they would be remade on every call. Other backends: params unchanged.

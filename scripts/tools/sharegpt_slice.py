@@ -1,7 +1,7 @@
 """Slices of ShareGPT for training the default head and for a held-out benchmark.
 
-    python scripts/sharegpt_slice.py --start 0 --count 3000 --first-turn --out data/sharegpt_train.jsonl
-    python scripts/sharegpt_slice.py --start 16000 --count 40 --format bench --out data/sharegpt_dev.jsonl
+    python scripts/tools/sharegpt_slice.py --start 0 --count 3000 --first-turn --out data/sharegpt_train.jsonl
+    python scripts/tools/sharegpt_slice.py --start 16000 --count 40 --format bench --out data/sharegpt_dev.jsonl
 
 --format train writes conversations ({"id", "conversations": [{"from", "value"}]}) for
 `eagle-jax train --data`; --turns N keeps the first N user/assistant exchanges of the conversations
@@ -17,9 +17,9 @@ prompts between --min-chars and --max-chars characters. Usable conversations are
 one of the given prompt files' questions, by id or by the text of its first user turn (ShareGPT
 repeats some questions word for word), so a training slice may run past held-out questions:
 
-    python scripts/sharegpt_slice.py --start 14300 --count 3000 --first-turn \
+    python scripts/tools/sharegpt_slice.py --start 14300 --count 3000 --first-turn \
         --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl --out runs/stage10/sharegpt_14300.jsonl
-    python scripts/sharegpt_slice.py --start 8800 --count 3000 --turns 2 --answers data/regenerated/*_first_turn.jsonl \
+    python scripts/tools/sharegpt_slice.py --start 8800 --count 3000 --turns 2 --answers data/regenerated/*_first_turn.jsonl \
         --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl --out runs/second_turns.jsonl
 """
 
@@ -29,7 +29,7 @@ import argparse
 import json
 import os
 
-from eagle_jax.atomic import write_text_atomic
+from eagle_jax.files import write_text_atomic
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.prompts import load_prompts
 from eagle_jax.train.data import SHAREGPT, Conversation, load_conversations

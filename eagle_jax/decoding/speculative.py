@@ -2,7 +2,7 @@
 
 Per round (batch B, K = top_k, D = depth, T = num_nodes, L = lookup):
   1. draft: grow the dynamic tree from the root (the last emitted token) with the draft head, and
-     with L > 0 add a chain of L tokens looked up in the context (`eagle_jax.lookup`), or where
+     with L > 0 add a chain of L tokens looked up in the context (`eagle_jax.decoding.lookup`), or where
      nothing was found, L more drafted nodes;
   2. verify: one target forward over the T + L tree tokens (prefix by length + ancestor mask);
   3. accept: greedy or lossless sampling; the bonus token is the target's own;
@@ -18,17 +18,17 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.accept import accept_greedy, accept_sampling
-from eagle_jax.config import ModelConfig
+from eagle_jax.decoding.accept import accept_greedy, accept_sampling
+from eagle_jax.model.config import ModelConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import draft_forward, draft_layer, draft_readout, draft_to_target_ids, make_draft_cache, project_features
 from eagle_jax.errors import EagleError
-from eagle_jax.generate_ar import PAD, check_prompt_fits, is_stop, last_valid, prefill
-from eagle_jax.kv_cache import KVCache
-from eagle_jax.lookup import lookup_proposals
-from eagle_jax.model import causal_mask, for_blocks, forward, lm_head, make_cache
-from eagle_jax.sampling import SamplingConfig, sample_tokens
-from eagle_jax.tree import Draw, DraftTree, TreeConfig, expand_tree
+from eagle_jax.decoding.prompts import PAD, check_prompt_fits, is_stop, last_valid, prefill
+from eagle_jax.model.kv_cache import KVCache
+from eagle_jax.decoding.lookup import lookup_proposals
+from eagle_jax.model.transformer import causal_mask, for_blocks, forward, lm_head, make_cache
+from eagle_jax.decoding.sampling import SamplingConfig, sample_tokens
+from eagle_jax.decoding.tree import Draw, DraftTree, TreeConfig, expand_tree
 
 
 class SpecOutput(NamedTuple):
@@ -109,7 +109,7 @@ def generate_spec(
     """Speculative decoding with an EAGLE head; output equal (greedy) or equal in law (sampling) to
     `generate_ar` with the same arguments. Pure and traceable: jit it with the keyword arguments,
     cfg and dcfg static (see `generate_spec_jit`), or call it inside your own jitted function.
-    On CPU, params from `eagle_jax.model.with_block_copies` verify faster."""
+    On CPU, params from `eagle_jax.model.transformer.with_block_copies` verify faster."""
     check_draft(cfg, dcfg, tree, sampling)
     b, p = prompt_tokens.shape
     check_prompt_fits(p, cache_len)

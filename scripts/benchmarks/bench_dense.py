@@ -1,7 +1,7 @@
-"""Why the target's weights are per-layer (out, in) arrays multiplied by `eagle_jax.layers.dense`,
-and why verify steps multiply by (in, out) copies of them (`eagle_jax.model.with_block_copies`).
+"""Why the target's weights are per-layer (out, in) arrays multiplied by `eagle_jax.model.layers.dense`,
+and why verify steps multiply by (in, out) copies of them (`eagle_jax.model.transformer.with_block_copies`).
 
-    .venv/bin/python scripts/bench_dense.py --out results/dense_layout/cpu.json
+    .venv/bin/python scripts/benchmarks/bench_dense.py --out results/dense_layout/cpu.json
 
 The matrix products alone: the default model's seven projections per layer over all its layers,
 for 1-16 rows, written four ways and timed interleaved (median of --reps calls each):
@@ -9,7 +9,7 @@ for 1-16 rows, written four ways and timed interleaved (median of --reps calls e
   * "per_layer_einsum": per-layer (out, in) arrays, a Python loop, the plain contraction;
   * "per_layer_dense": per-layer arrays through `dense` (its CPU few-row form): decode steps;
   * "per_layer_in_out": per-layer (in, out) copies (`InOut`) through `dense`: verify steps.
-The whole model against an earlier commit: scripts/bench_step_vs_checkout.py.
+The whole model against an earlier commit: scripts/benchmarks/bench_step_vs_checkout.py.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eagle_jax.atomic import write_text_atomic
+from eagle_jax.files import write_text_atomic
 from eagle_jax.infer.bench_report import describe_machine
-from eagle_jax.layers import dense
+from eagle_jax.model.layers import dense
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL
-from eagle_jax.model import with_block_copies
+from eagle_jax.model.transformer import with_block_copies
 
 ROWS = (1, 2, 4, 5, 6, 8, 12, 16)
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")

@@ -1,6 +1,6 @@
 """Store a draft head's float weights in another dtype: float16 or bfloat16 halve a float32 head.
 
-    python scripts/cast_head.py runs/stage12/v16k/draft --dtype float16 --out runs/stage12/v16k/draft_float16
+    python scripts/tools/cast_head.py runs/stage12/v16k/draft --dtype float16 --out runs/stage12/v16k/draft_float16
 
 Only the stored precision changes: `--draft` loads any float dtype into the compute dtype (float32
 by default), and the draft vocabulary (d2t, t2d) is kept as it is. The output is a new directory

@@ -1,7 +1,7 @@
 """How often the shipped head's draft agrees with the target on the target's own greedy answers,
 and what tau that gives chain trees, against the head quality tau 3 would need.
 
-    .venv/bin/python scripts/draft_agreement.py --prompts data/sharegpt_tune.jsonl --out results/default_head/agreement.json
+    .venv/bin/python scripts/benchmarks/draft_agreement.py --prompts data/sharegpt_tune.jsonl --out results/default_head/agreement.json
 
 The target answers each prompt's first turn greedily (--max-new-tokens); then, teacher-forced on
 prompt + answer, every TTT step of the head predicts each answer token, and the script counts how
@@ -13,7 +13,7 @@ Greedy decoding is deterministic, so the rounds a tree of one draft chain (top_k
 chain takes to emit these answers follow from the same predictions: per round the draft chain is
 steps 0..c-1 of the head at the root's parent (teacher-forced exactly as at inference, where a
 chain token counts only after its ancestors were accepted) and the lookup chain is
-`eagle_jax.lookup.lookup_proposals` on the context so far. Where it found nothing, the tree's
+`eagle_jax.decoding.lookup.lookup_proposals` on the context so far. Where it found nothing, the tree's
 rerank gives the lookup's slots to drafted nodes as far as its depth reaches: `--chains C/L/F`
 replays the tree top_k 1, depth F - 1, num_nodes C + 1, lookup L, whose chain holds F drafted
 tokens there (C/L: F = C). `--chains` gives the tau of those trees with this head, and with
@@ -22,7 +22,7 @@ independently; the lookup as it is), and for C/L/F trees the tau if lookups that
 m suffix tokens counted as not found (`this_head_by_min_match`). Per match length of the root's
 lookup (0: nothing found), the output also gives the share of roots and how many tokens the
 draft chain and the lookup chain get right there. No timing: verify cost per tree is
-`scripts/profile_round.py`'s, speedup `eagle-jax bench`'s.
+`scripts/benchmarks/profile_round.py`'s, speedup `eagle-jax bench`'s.
 """
 
 from __future__ import annotations
@@ -36,18 +36,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eagle_jax import model as target_model
-from eagle_jax.atomic import write_text_atomic
+from eagle_jax.model import transformer as target_model
+from eagle_jax.files import write_text_atomic
 from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.model import draft_to_target_ids, project_features
 from eagle_jax.errors import EagleError
-from eagle_jax.generate_ar import generate_ar_jit, pad_prompts
+from eagle_jax.decoding.plain import generate_ar_jit
+from eagle_jax.decoding.prompts import pad_prompts
 from eagle_jax.infer.bench_report import describe_machine
 from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.prompts import load_prompts, messages_for_turn
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
-from eagle_jax.lookup import MAX_NGRAM, lookup_proposals
+from eagle_jax.decoding.lookup import MAX_NGRAM, lookup_proposals
 from eagle_jax.train.features import compute_target_features
 from eagle_jax.train.ttt import unroll
 

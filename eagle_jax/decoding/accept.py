@@ -11,8 +11,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.sampling import SamplingConfig, target_probs
-from eagle_jax.tree import DraftTree, TreeConfig
+from eagle_jax.decoding.sampling import SamplingConfig, target_probs
+from eagle_jax.decoding.tree import DraftTree, TreeConfig
 
 
 class Acceptance(NamedTuple):

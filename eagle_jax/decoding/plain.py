@@ -6,64 +6,21 @@ lengths; per-row stop on stop ids, max_new_tokens or a full cache.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from eagle_jax.config import ModelConfig
-from eagle_jax.errors import EagleError
-from eagle_jax.kv_cache import KVCache
-from eagle_jax.model import causal_mask, forward, lm_head, make_cache
-from eagle_jax.sampling import SamplingConfig, sample_tokens
-
-PAD = -1
+from eagle_jax.decoding.prompts import PAD, check_prompt_fits, is_stop, last_valid, prefill
+from eagle_jax.decoding.sampling import SamplingConfig, sample_tokens
+from eagle_jax.model.config import ModelConfig
+from eagle_jax.model.transformer import forward, lm_head, make_cache
 
 
 class GenerateOutput(NamedTuple):
     tokens: jax.Array  # (B, max_new_tokens) int32, PAD after each row's end
     num_tokens: jax.Array  # (B,) int32 generated tokens per row (a stop token included)
     steps: jax.Array  # () int32 target forward passes after prefill
-
-
-def pad_prompts(prompts: list[list[int]], multiple: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad token lists to one (B, P) int32 array, P rounded up to `multiple` to limit recompiles."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise EagleError("every prompt needs at least one token")
-    width = -(-max(len(p) for p in prompts) // multiple) * multiple
-    tokens = np.zeros((len(prompts), width), np.int32)
-    for row, p in enumerate(prompts):
-        tokens[row, : len(p)] = p
-    return tokens, np.array([len(p) for p in prompts], np.int32)
-
-
-def check_prompt_fits(prompt_len: int, cache_len: int) -> None:
-    if prompt_len >= cache_len:
-        raise EagleError(
-            f"prompt of {prompt_len} tokens does not fit a cache of {cache_len} tokens; "
-            "use a shorter prompt or a larger cache (--cache-len)"
-        )
-
-
-def prefill(params, cfg: ModelConfig, prompt_tokens, prompt_lengths, cache: KVCache, capture=(), attn_impl="auto"):
-    """Run the prompt (B, P) through the target into an empty cache.
-    Returns (ForwardOutput, cache with the prompt written)."""
-    b, p = prompt_tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    valid = positions < prompt_lengths[:, None]
-    out = forward(params, cfg, prompt_tokens, positions, None, causal_mask(valid), capture=capture, attn_impl=attn_impl)
-    return out, cache.write(out.k_new, out.v_new, prompt_lengths)
-
-
-def last_valid(x: jax.Array, lengths: jax.Array) -> jax.Array:
-    """x[b, lengths[b] - 1] for x (B, T, ...)."""
-    return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
-
-
-def is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
-    return jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros(tokens.shape, bool)
 
 
 def generate_ar(

@@ -22,21 +22,21 @@
 # Stages 7 to 10's answers are committed (data/regenerated/README.md): copy them to
 #   "$run/stageN/regenerated/" first to skip regenerating.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 run=${1:-runs/default_head}
 mkdir -p "$run"
-.venv/bin/python scripts/sharegpt_slice.py --start 0 --count 4000 --first-turn --out "$run/sharegpt_train.jsonl"
+.venv/bin/python scripts/tools/sharegpt_slice.py --start 0 --count 4000 --first-turn --out "$run/sharegpt_train.jsonl"
 .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_train.jsonl" --num-conversations 999 \
   --regenerate --regen-max-new-tokens 256 --regen-batch-size 32 \
   --out "$run/run4" --head eagle3 --fc-norm --norm-output --ttt-steps 3 --draft-vocab 8192 \
   --seq-len 512 --long-samples split --offline-features --batch-size 4 --max-steps 480 --lr 6e-4 \
   --eval-every 120 --save-every 60 --log-every 10 --no-progress
-.venv/bin/python scripts/sharegpt_slice.py --start 1000 --count 3000 --out "$run/sharegpt_1000_4000.jsonl"
+.venv/bin/python scripts/tools/sharegpt_slice.py --start 1000 --count 3000 --out "$run/sharegpt_1000_4000.jsonl"
 .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_1000_4000.jsonl" --num-conversations 1500 \
   --init-head "$run/run4/draft" --out "$run/stage2" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 270 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 90 --save-every 30 --log-every 5 --tau-prompts 4 --no-progress
-.venv/bin/python scripts/sharegpt_slice.py --start 2500 --count 1500 --out "$run/sharegpt_2500_4000.jsonl"
+.venv/bin/python scripts/tools/sharegpt_slice.py --start 2500 --count 1500 --out "$run/sharegpt_2500_4000.jsonl"
 .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_2500_4000.jsonl" --num-conversations 1500 \
   --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
   --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
@@ -44,7 +44,7 @@ mkdir -p "$run"
 self_distilled_stage() {  # START INIT_HEAD OUT [COUNT=1600 [SLICE_ARGS...]], steps=600: stages 4 to 11 (the shipped stages 4-7 wrote --count 3000: the same first 1600)
   local start=$1 init=$2 out=$3 count=${4:-1600} steps=${steps:-600}
   shift $(($# < 4 ? $# : 4))
-  .venv/bin/python scripts/sharegpt_slice.py --start "$start" --count "$count" --first-turn "$@" --out "$run/sharegpt_$start.jsonl"
+  .venv/bin/python scripts/tools/sharegpt_slice.py --start "$start" --count "$count" --first-turn "$@" --out "$run/sharegpt_$start.jsonl"
   .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_$start.jsonl" --num-conversations "$count" \
     --regenerate --regen-max-new-tokens 192 --regen-batch-size 32 \
     --init-head "$init" --out "$out" --ttt-steps 3 --seq-len 512 --long-samples split --offline-features \
@@ -61,4 +61,4 @@ self_distilled_stage 14300 "$run/stage9/draft" "$run/stage10" 3000 --exclude dat
 mkdir -p "$run/stage11" && cp -r "$run/stage10/regenerated" "$run/stage11/"
 steps=900 self_distilled_stage 14300 "$run/stage10/draft" "$run/stage11" 3000 --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl
 mkdir -p results/head_ablation
-.venv/bin/python scripts/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json
+.venv/bin/python scripts/tools/vocab_coverage.py "$run/run4" --sizes 2048 4096 8192 16384 --out results/head_ablation/vocab_coverage.json

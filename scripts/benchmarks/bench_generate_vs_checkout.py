@@ -2,7 +2,7 @@
 model, head, tree and prompts.
 
     git worktree add /tmp/baseline <commit>
-    .venv/bin/python scripts/bench_generate_vs_checkout.py --baseline /tmp/baseline --out results/round_cost/generate_vs_11e0b45.json
+    .venv/bin/python scripts/benchmarks/bench_generate_vs_checkout.py --baseline /tmp/baseline --out results/round_cost/generate_vs_11e0b45.json
 
 Each version compiles `generate_spec` for the default model with its shipped head and the drafted
 part of the tuned tree (read from this tree; its lookup chain is left out, since checkouts before
@@ -33,8 +33,8 @@ def generate_of(root: str, tree_args: dict, max_new_tokens: int):
     each generate(tokens, lengths) returns (tokens (1, max_new_tokens), a count (1,)): the rounds
     for the speculative one, the new tokens for the plain one."""
     loading, registry, checkpoint, speculative, tree_mod, plain, model_code = import_checkout(
-        root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.speculative", "eagle_jax.tree",
-        "eagle_jax.generate_ar", "eagle_jax.model",
+        root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.decoding.speculative", "eagle_jax.decoding.tree",
+        "eagle_jax.decoding.plain", "eagle_jax.model.transformer",
     )
     target = loading.load_target(MODEL)
     spec_params = getattr(model_code, "with_block_copies", lambda p: p)(target.params)  # as the checkout's Engine does
@@ -94,8 +94,8 @@ def main() -> None:
     for version, root in (("baseline", args.baseline), ("this_tree", HERE)):
         spec, plain, tokenizer = generate_of(root, tree_args, args.max_new_tokens)
         fns[f"{version}_spec"], fns[f"{version}_plain"] = spec, plain
-    from eagle_jax.atomic import write_text_atomic  # this tree's, imported last
-    from eagle_jax.generate_ar import pad_prompts
+    from eagle_jax.files import write_text_atomic  # this tree's, imported last
+    from eagle_jax.decoding.prompts import pad_prompts
     from eagle_jax.infer.bench_report import describe_machine
 
     with open(os.path.join(HERE, "data", "sharegpt_tune.jsonl")) as f:

@@ -1,6 +1,6 @@
 """Where a speculative round's time goes, with the default model and its shipped head.
 
-    .venv/bin/python scripts/profile_round.py --out results/round_cost/pieces.json
+    .venv/bin/python scripts/benchmarks/profile_round.py --out results/round_cost/pieces.json
 
 Each piece is jitted on its own and timed interleaved with the others (median of --reps calls),
 with a 520-slot cache holding 300 tokens, batch 1, float32:
@@ -24,22 +24,22 @@ import jax
 import jax.numpy as jnp
 
 from bench_dense import median_ms
-from eagle_jax.accept import accept_greedy
-from eagle_jax.atomic import write_text_atomic
+from eagle_jax.decoding.accept import accept_greedy
+from eagle_jax.files import write_text_atomic
 from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.model import make_draft_cache, project_features
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.bench_policy import load_tuned_tree, parse_trees
 from eagle_jax.infer.bench_report import describe_machine
-from eagle_jax.kv_cache import KVCache
+from eagle_jax.model.kv_cache import KVCache
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
-from eagle_jax.model import for_blocks, forward, lm_head, make_cache, with_block_copies
-from eagle_jax.speculative import DraftState, draft_tree, run_draft_context
-from eagle_jax.tree import TreeConfig
+from eagle_jax.model.transformer import for_blocks, forward, lm_head, make_cache, with_block_copies
+from eagle_jax.decoding.speculative import DraftState, draft_tree, run_draft_context
+from eagle_jax.decoding.tree import TreeConfig
 
 CACHE_SLOTS, CACHE_FILLED = 520, 300
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def filled(cache: KVCache) -> KVCache:

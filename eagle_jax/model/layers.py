@@ -10,8 +10,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.attention import attend
-from eagle_jax.config import RopeConfig
+from eagle_jax.model.attention import attend
+from eagle_jax.model.config import RopeConfig
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -54,7 +54,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 FEW_ROWS = 64
 # On that path more than PAD_ABOVE rows are padded to a multiple of ROW_BLOCK: XLA:CPU multiplies
 # 6-7 or 9-15 rows more slowly than 8 or 16, and padded, one target step over 6-12 new tokens is
-# 1.18-1.24x faster (`scripts/bench_step_vs_checkout.py --new-tokens ...`, results/row_padding).
+# 1.18-1.24x faster (`scripts/benchmarks/bench_step_vs_checkout.py --new-tokens ...`, results/row_padding).
 ROW_BLOCK, PAD_ABOVE = 8, 5
 _few_row_form = contextvars.ContextVar("few_row_form", default=True)
 
@@ -71,7 +71,7 @@ def many_rows():
 
 
 class InOut(NamedTuple):
-    """A projection transposed to (in, out) (`eagle_jax.model.with_block_copies`), which `dense`
+    """A projection transposed to (in, out) (`eagle_jax.model.transformer.with_block_copies`), which `dense`
     multiplies as it is."""
 
     w: jax.Array  # (in, out)
@@ -82,12 +82,12 @@ def dense(x: jax.Array, w: jax.Array | InOut, out_dtype=None) -> jax.Array:
 
     On CPU, for a few rows, the product is computed as w @ x^T and transposed back behind an
     optimization barrier. XLA:CPU otherwise folds the transpose into the product and runs the same
-    matrix product about twice as slowly for 2-16 rows (`python scripts/bench_dense.py`); with the
+    matrix product about twice as slowly for 2-16 rows (`python scripts/benchmarks/bench_dense.py`); with the
     barrier, verifying a block of 2 tokens costs what one decode step does. The rows are padded
     to a multiple of ROW_BLOCK past PAD_ABOVE. Many rows (prefill, training) and other backends
     take the plain contraction. An InOut is multiplied as x @ w: over 2-16 rows XLA:CPU runs that
-    faster still, over one row more slowly (`python scripts/bench_dense.py`), so verify steps
-    multiply by transposed copies (`eagle_jax.model.with_block_copies`), decode steps by the weights.
+    faster still, over one row more slowly (`python scripts/benchmarks/bench_dense.py`), so verify steps
+    multiply by transposed copies (`eagle_jax.model.transformer.with_block_copies`), decode steps by the weights.
     """
     if isinstance(w, InOut):
         return jnp.einsum("...i,io->...o", x, w.w, preferred_element_type=out_dtype)

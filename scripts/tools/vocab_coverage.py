@@ -1,7 +1,7 @@
 """How much of held-out text a reduced EAGLE-3 draft vocabulary covers, per vocabulary size.
 
-    python scripts/vocab_coverage.py runs/default_head/run4 --sizes 2048 4096 8192 16384 --out coverage.json
-    python scripts/vocab_coverage.py runs/stage10/stage10 --pick-from runs/stage8/stage8 runs/stage9/stage9 \
+    python scripts/tools/vocab_coverage.py runs/default_head/run4 --sizes 2048 4096 8192 16384 --out coverage.json
+    python scripts/tools/vocab_coverage.py runs/stage10/stage10 --pick-from runs/stage8/stage8 runs/stage9/stage9 \
         --head eagle_jax/heads/smollm2-135m-instruct --sizes 8192 16384
 
 Reads a training run's tokenized sets (RUN/data/train.npz, dev.npz), picks each draft vocabulary
@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from eagle_jax.atomic import write_json_atomic
+from eagle_jax.files import write_json_atomic
 from eagle_jax.errors import EagleError
 from eagle_jax.train.data import TokenizedSet
 from eagle_jax.draft.checkpoint import load_draft

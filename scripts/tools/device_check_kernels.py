@@ -1,9 +1,9 @@
 """Device check of the Pallas GPU tree-attention kernel: correctness and speed against XLA.
 
 On a GPU machine (about 5 minutes on one H200):
-    python scripts/device_check_kernels.py            # writes results/kernels_gpu.json
+    python scripts/tools/device_check_kernels.py            # writes results/kernels_gpu.json
 On CPU, tiny shapes in interpret mode (what CI runs, to keep the script working):
-    python scripts/device_check_kernels.py --smoke --out /tmp/kernels_gpu.json
+    python scripts/tools/device_check_kernels.py --smoke --out /tmp/kernels_gpu.json
 
 Each row is one verify step: batch rows with different prefix lengths (the cache holds `prefix`
 slots, rows see between 3/4 of them and all), a random draft tree of T nodes, 32 query and 8 kv

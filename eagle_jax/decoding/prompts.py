@@ -1,0 +1,52 @@
+"""What plain and speculative decoding share: prompt batches, the prefill, stop tests."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eagle_jax.errors import EagleError
+from eagle_jax.model.config import ModelConfig
+from eagle_jax.model.kv_cache import KVCache
+from eagle_jax.model.transformer import causal_mask, forward
+
+PAD = -1  # fills the token buffers past each row's end
+
+
+def pad_prompts(prompts: list[list[int]], multiple: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad token lists to one (B, P) int32 array, P rounded up to `multiple` to limit recompiles."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise EagleError("every prompt needs at least one token")
+    width = -(-max(len(p) for p in prompts) // multiple) * multiple
+    tokens = np.zeros((len(prompts), width), np.int32)
+    for row, p in enumerate(prompts):
+        tokens[row, : len(p)] = p
+    return tokens, np.array([len(p) for p in prompts], np.int32)
+
+
+def check_prompt_fits(prompt_len: int, cache_len: int) -> None:
+    if prompt_len >= cache_len:
+        raise EagleError(
+            f"prompt of {prompt_len} tokens does not fit a cache of {cache_len} tokens; "
+            "use a shorter prompt or a larger cache (--cache-len)"
+        )
+
+
+def prefill(params, cfg: ModelConfig, prompt_tokens, prompt_lengths, cache: KVCache, capture=(), attn_impl="auto"):
+    """Run the prompt (B, P) through the target into an empty cache.
+    Returns (ForwardOutput, cache with the prompt written)."""
+    b, p = prompt_tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    valid = positions < prompt_lengths[:, None]
+    out = forward(params, cfg, prompt_tokens, positions, None, causal_mask(valid), capture=capture, attn_impl=attn_impl)
+    return out, cache.write(out.k_new, out.v_new, prompt_lengths)
+
+
+def last_valid(x: jax.Array, lengths: jax.Array) -> jax.Array:
+    """x[b, lengths[b] - 1] for x (B, T, ...)."""
+    return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
+
+
+def is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
+    return jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros(tokens.shape, bool)
