@@ -35,6 +35,7 @@ _EXPORTS = {
     "GenerateOutput": "eagle_jax.decoding.plain",
     "generate_spec": "eagle_jax.decoding.speculative",
     "generate_spec_jit": "eagle_jax.decoding.speculative",
+    "backend_layout": "eagle_jax.model.cpu_layout",
     "SpecOutput": "eagle_jax.decoding.speculative",
     "Engine": "eagle_jax.infer.engine",
 }

@@ -1,5 +1,8 @@
 """Files written atomically (a reader sees the old file or the whole new one, never a part) and
-JSON read with one-line errors. Every writer and JSON reader of eagle-jax goes through here."""
+JSON read with one-line errors. Every writer and JSON reader of eagle-jax goes through here.
+
+Only the standard library is imported at module level (numpy when an .npz is written): scripts that
+run in a venv without JAX import this module from the source tree."""
 
 from __future__ import annotations
 
@@ -7,14 +10,15 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from typing import Callable, Iterator
 
 from eagle_jax.errors import EagleError
 
+FilePath = str | os.PathLike
 
-def fsync_path(path: str) -> None:
+
+def fsync_path(path: FilePath) -> None:
     """Flush a file's or a directory's entry to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -23,67 +27,77 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def _hidden_sibling(path: str, label: str) -> str:
+    """A fresh name beside `path`, hidden, that says whose it is and what it is."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.{label}-{uuid.uuid4().hex[:12]}")
+
+
 @contextlib.contextmanager
-def atomic_path(path: str, suffix: str = ".tmp") -> Iterator[str]:
+def atomic_path(path: FilePath, suffix: str = ".tmp") -> Iterator[str]:
     """Yield a temporary sibling of `path` to write; when the block ends without an error it is
     fsynced and renamed over `path`, else removed. `suffix` keeps the extension that some writers
     (numpy.savez, matplotlib) add or read."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=suffix, dir=directory)
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp's 0600 would make results private to the writer
+    tmp = _hidden_sibling(path, "partial") + suffix
+    # Created here with the mode open() would give (0666 less the umask); mkstemp's 0600 would
+    # make results private to the writer.
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield tmp
         fsync_path(tmp)
         os.replace(tmp, path)
+        fsync_path(os.path.dirname(tmp))  # the rename itself
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
 
 
-def write_text_atomic(path: str, text: str) -> None:
+def write_text_atomic(path: FilePath, text: str) -> None:
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
 
 
-def write_json_atomic(path: str, data, indent: int | None = 2) -> None:
+def write_json_atomic(path: FilePath, data, indent: int | None = 2) -> None:
     """`data` as JSON (NaN and infinity refused), atomically."""
     write_text_atomic(path, json.dumps(data, indent=indent, allow_nan=False) + "\n")
 
 
-def write_jsonl_atomic(path: str, rows) -> None:
+def write_jsonl_atomic(path: FilePath, rows) -> None:
     """One JSON object per line, non-ASCII kept, atomically."""
     write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
-def savez_atomic(path: str, **arrays) -> None:
-    """numpy.savez to `path` (which should end in .npz), atomically."""
+def savez_atomic(path: FilePath, compressed: bool = False, **arrays) -> None:
+    """numpy.savez (or savez_compressed) to `path` (which should end in .npz), atomically."""
     import numpy as np
 
     with atomic_path(path, suffix=".npz") as tmp:
-        np.savez(tmp, **arrays)
+        (np.savez_compressed if compressed else np.savez)(tmp, **arrays)
 
 
-def write_directory_atomic(directory: str, fill: Callable[[str], None]) -> None:
+def write_directory_atomic(directory: FilePath, fill: Callable[[str], None], replace: bool = True) -> None:
     """Make `directory` by `fill(staging)` in a hidden sibling, fsync it and rename it into place.
+
     An existing directory is replaced: it is moved aside first (rename cannot replace a non-empty
-    directory) and removed once the new one is in, or moved back if the rename fails."""
+    directory) and removed once the new one is in, or moved back if the rename fails. With
+    `replace=False` it is kept instead and the rename's OSError raised (a writer that lost a race to
+    another writing the same content)."""
     directory = os.path.abspath(directory)
-    parent, name = os.path.split(directory)
+    parent = os.path.dirname(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise EagleError(f"{directory} exists and is not a directory")
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    staging = _hidden_sibling(directory, "partial")
+    os.mkdir(staging)  # 0777 less the umask, as for any directory (mkdtemp's 0700 would hide it)
     try:
         fill(staging)
-        for root, _, files in os.walk(staging):
+        for root, _, files in os.walk(staging, topdown=False):  # each entry before the directory naming it
             for file in files:
                 fsync_path(os.path.join(root, file))
-        fsync_path(staging)
-        old = None
-        if os.path.exists(directory):
-            old = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex}")
+            fsync_path(root)
+        old = _hidden_sibling(directory, "old") if replace and os.path.exists(directory) else None
+        if old is not None:
             os.rename(directory, old)
         try:
             os.rename(staging, directory)
@@ -92,17 +106,24 @@ def write_directory_atomic(directory: str, fill: Callable[[str], None]) -> None:
                 os.rename(old, directory)
             raise
         fsync_path(parent)
-        if old is not None:
-            shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)  # the new directory is in: a leftover old copy is only litter
 
 
-def read_json(path: str, expect: type | None = dict, what: str = "") -> object:
+_JSON_NAMES = {dict: "object", list: "array", str: "string", float: "number", int: "integer", bool: "boolean", type(None): "null"}
+
+
+def _json_name(value) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def read_json(path: FilePath, expect: type | None = dict, what: str = "") -> object:
     """The JSON in `path`; a missing, unreadable or malformed file, or (with `expect`) a value of
     another type, is one EagleError line naming the file (and `what` it should hold)."""
-    label = f"{path} ({what})" if what else path
+    label = f"{path} ({what})" if what else str(path)
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -111,5 +132,6 @@ def read_json(path: str, expect: type | None = dict, what: str = "") -> object:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise EagleError(f"{label}: cannot read it as JSON ({e})") from None
     if expect is not None and not isinstance(data, expect):
-        raise EagleError(f"{label}: expected a JSON {'object' if expect is dict else expect.__name__}, got {type(data).__name__}")
+        raise EagleError(f"{label}: expected a JSON {_JSON_NAMES.get(expect, expect.__name__)}, got {_json_name(data)}")
     return data
+

@@ -27,32 +27,13 @@ import datetime
 import os
 import sys
 
-from eagle_jax.files import write_json_atomic
+from eagle_jax.decoding.tree import TreeConfig
 from eagle_jax.errors import EagleError
+from eagle_jax.files import write_json_atomic
+from eagle_jax.infer.arguments import build_engine, require_extra
 from eagle_jax.infer.bench_measure import PromptRecord, fill_batches, measure_batches, measure_prompts
-from eagle_jax.infer.bench_policy import (
-    auto_tune_trees,
-    draft_directory,
-    load_batch_policy,
-    load_tuned_tree,
-    parse_int_list,
-    parse_sweep,
-    parse_trees,
-    sweep_trees,
-    save_batch_policy,
-    save_tuned_tree,
-    tree_fields,
-    tree_for_batch,
-    tree_from_fields,
-)
-from eagle_jax.infer.bench_report import (
-    batch_row,
-    describe_machine,
-    format_report,
-    per_category,
-    per_prompt,
-    summarize,
-)
+from eagle_jax.infer.bench_policy import auto_tune_trees, draft_directory, parse_int_list, parse_sweep, parse_trees, sweep_trees
+from eagle_jax.infer.bench_report import batch_row, describe_machine, format_report, per_category, per_prompt, summarize
 from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.prompts import (
     VARIANT_SYSTEM_PROMPT,
@@ -65,9 +46,7 @@ from eagle_jax.infer.prompts import (
     parse_variants,
     select_prompts,
 )
-from eagle_jax.decoding.tree import TreeConfig
-
-__all__ = ["add_arguments", "run", "load_tuned_tree", "load_batch_policy", "tree_for_batch"]
+from eagle_jax.infer.settings import save_batch_policy, save_tuned_tree, tree_fields, tree_from_fields
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2",
                    help="measure each tree setting: top_k=, depth=, num_nodes= or lookup= values; repeat the flag for a grid")
     p.add_argument("--trees", default=None, metavar="K/D/N[/L],...",
-                   help="measure these trees too (top_k/depth/num_nodes[/lookup] each, with the --scoring given), after the --sweep grid")
+                   help="measure these trees too (top_k/depth/num_nodes[/lookup] each, with the --tree-scoring given), after the --sweep grid")
     p.add_argument("--auto-tune", action="store_true",
                    help="save the fastest tree of the sweep (default num_nodes=8,16,32,64; fastest: the highest speedup "
                         "over its own plain runs) as DRAFT/tree.json "
@@ -92,12 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and with --batch-sizes the measured table as DRAFT/batch_policy.json")
     p.add_argument("--batch-sizes", default=None, metavar="1,2,4,...",
                    help="throughput of plain vs speculative decoding at each batch size (first turns of the prompts)")
-    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into DIR (needs matplotlib: the train extra)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from eagle_jax.infer.cli import build_engine
-
     ar_only = args.ar_only or args.no_spec
     prompts = select_prompts(load_prompts(args.prompts), args.limit, args.categories and args.categories.split(","))
     variants = parse_variants(args.variants) if args.variants else ["as_given"]
@@ -106,33 +83,36 @@ def run(args: argparse.Namespace) -> int:
     listed = parse_trees(args.trees) if args.trees is not None else []
     if ar_only and (args.sweep or listed or args.auto_tune):
         raise EagleError("--sweep, --trees and --auto-tune measure speculative decoding; drop --ar-only/--no-spec")
+    if args.plots:
+        require_extra("matplotlib", "--plots", "train")
     draft_dir = draft_directory(args.draft) if args.auto_tune else None
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
-    # measure every tree as given: settings saved with the head must not switch speculation off
-    engine = dataclasses.replace(build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only})), batch_policy=None, speculate=True)
-    listed = [dataclasses.replace(t, scoring=engine.tree.scoring) for t in listed]  # --scoring applies to them too
-    trees = list(dict.fromkeys((sweep_trees(sweep_axes, engine.tree) if sweep_axes else []) + listed))
+    engine, choice = build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only}))
+    # every tree is measured as given: a saved setting that turns speculation off must not apply here
+    base = choice.tree
+    listed = [dataclasses.replace(t, scoring=base.scoring) for t in listed]  # --tree-scoring applies to them too
+    trees = list(dict.fromkeys((sweep_trees(sweep_axes, base) if sweep_axes else []) + listed))
     if not trees and args.auto_tune:
-        trees = auto_tune_trees(engine.tree)
+        trees = auto_tune_trees(base)
+    for tree in trees:
+        engine.check_tree(tree)
     machine = describe_machine()
 
     by_variant = measure_variants(
-        engine, prompts, variants, system_prompt=args.variant_system, context_tokens=args.long_context_tokens,
-        speculative=not ar_only, seed=args.seed,
+        engine, prompts, variants, tree=base, system_prompt=args.variant_system, context_tokens=args.long_context_tokens, seed=args.seed,
     )
     main = by_variant["as_given"]
-    engines = {engine.tree: engine} | {t: dataclasses.replace(engine, tree=t) for t in trees if t != engine.tree}
     sweep = []
-    for t in trees:
-        sweep.append(sweep_row(engines[t], engine.tree, main, prompts, args.seed))
-        if t != engine.tree:
-            engines[t].release()  # a long sweep would otherwise keep every tree's executables alive
-    batch_trees = trees or ([] if ar_only else [engine.tree])
-    batch = measure_batch_table(engine, engines, batch_trees, prompts, batch_sizes, args.seed)
+    for tree in trees:
+        sweep.append(sweep_row(engine, tree, base, main, prompts, args.seed))
+        if tree != base:
+            engine.release(tree)  # a long sweep would otherwise keep executables of trees measured already
+    batch_trees = trees or ([] if base is None else [base])
+    batch = measure_batch_table(engine, batch_trees, prompts, batch_sizes, args.seed)
 
     report = {
-        "summary": summarize(main) | run_config(engine, args, ar_only, machine),
+        "summary": summarize(main) | run_config(engine, base, args, machine),
         "per_prompt": per_prompt(main),
         "per_category": per_category(main),
         "per_variant": {v: summarize(records) for v, records in by_variant.items()} if args.variants else {},
@@ -153,37 +133,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure_variants(
-    engine: Engine, prompts: list[Prompt], variants: list[str], *, system_prompt: str, context_tokens: int, speculative: bool, seed: int
+    engine: Engine, prompts: list[Prompt], variants: list[str], *, tree: TreeConfig | None, system_prompt: str, context_tokens: int,
+    seed: int,
 ) -> dict[str, list[PromptRecord]]:
-    """Records of each robustness variant of the same prompts (see prompts.apply_variant)."""
+    """Records of each robustness variant of the same prompts (see prompts.apply_variant), decoded
+    plainly and (`tree` not None) speculatively with `tree`."""
     context = long_context(engine.target.tokenizer, context_tokens) if "long_context" in variants else ""
     return {
         v: measure_prompts(
-            engine, [apply_variant(p, v, system_prompt=system_prompt, context=context) for p in prompts],
-            speculative=speculative, seed=seed, desc=v,
+            engine, [apply_variant(p, v, system_prompt=system_prompt, context=context) for p in prompts], tree=tree, seed=seed, desc=v,
         )
         for v in variants
     }
 
 
-def sweep_row(engine: Engine, base: TreeConfig, main: list[PromptRecord], prompts: list[Prompt], seed: int) -> dict:
+def sweep_row(engine: Engine, tree: TreeConfig, base: TreeConfig, main: list[PromptRecord], prompts: list[Prompt], seed: int) -> dict:
     """Numbers of one tree setting: its speculative runs against plain runs interleaved with them
     prompt by prompt (the main run when the setting is the main tree `base`). Each tree gets its own
     plain runs: on a host whose speed drifts over a long sweep, plain runs measured once, at the
     start, made the later trees look up to 1.6x slower than they were."""
-    records = main
-    if engine.tree != base:
-        records = measure_prompts(engine, prompts, seed=seed, desc=f"tree {tree_label(engine.tree)}")
-    return tree_fields(engine.tree) | summarize(records)
+    records = main if tree == base else measure_prompts(engine, prompts, tree=tree, seed=seed, desc=f"tree {tree_label(tree)}")
+    return tree_fields(tree) | summarize(records)
 
 
 def tree_label(tree: TreeConfig) -> str:
     return f"k{tree.top_k} d{tree.depth} n{tree.num_nodes}" + (f" l{tree.lookup}" if tree.lookup else "")
 
 
-def measure_batch_table(
-    engine: Engine, engines: dict[TreeConfig, Engine], trees: list[TreeConfig], prompts: list[Prompt], sizes: list[int], seed: int
-) -> list[dict]:
+def measure_batch_table(engine: Engine, trees: list[TreeConfig], prompts: list[Prompt], sizes: list[int], seed: int) -> list[dict]:
     """Per batch size: plain throughput once, speculative throughput per tree (none: plain only),
     over the first turns of `prompts` decoded `size` at a time (bench_measure.fill_batches)."""
     ids = [engine.encode_chat(messages_for_turn(p, [], 0), raw=p.raw) for p in prompts]
@@ -191,23 +168,23 @@ def measure_batch_table(
     for size in sizes:
         batches = fill_batches(ids, size)
         sequences = sum(len(b) for b in batches)
-        plain = measure_batches(engine, batches, False, seed, desc=f"batch {size} plain")
+        plain = measure_batches(engine, batches, None, seed, desc=f"batch {size} plain")
         if not trees:
             rows.append(batch_row(size, sequences, plain, None, None))
         for tree in trees:
-            spec = measure_batches(engines[tree], batches, True, seed, desc=f"batch {size} {tree_label(tree)}")
+            spec = measure_batches(engine, batches, tree, seed, desc=f"batch {size} {tree_label(tree)}")
             rows.append(batch_row(size, sequences, plain, spec, tree))
     return rows
 
 
-def run_config(engine: Engine, args, ar_only: bool, machine: dict) -> dict:
-    """The configs a summary was measured with."""
+def run_config(engine: Engine, tree: TreeConfig | None, args, machine: dict) -> dict:
+    """The configs a summary was measured with (`tree` None: plain decoding alone)."""
     return {
-        "mode": "plain" if ar_only else "speculative+plain",
+        "mode": "plain" if tree is None else "speculative+plain",
         "model": args.model,
         "model_source": engine.target.source,
-        "draft": None if ar_only else args.draft,
-        "tree": None if ar_only else tree_fields(engine.tree),
+        "draft": None if tree is None else args.draft,
+        "tree": None if tree is None else tree_fields(tree),
         "sampling": dataclasses.asdict(engine.sampling),
         "max_new_tokens": engine.max_new_tokens,
         "cache_len": engine.cache_len,

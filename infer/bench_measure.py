@@ -12,6 +12,7 @@ import math
 import numpy as np
 from tqdm import tqdm
 
+from eagle_jax.decoding.tree import TreeConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.engine import Engine, RunResult
 from eagle_jax.infer.prompts import Prompt, messages_for_turn
@@ -53,11 +54,12 @@ def merge(results: list[RunResult]) -> RunResult:
     )
 
 
-def timed_run(engine: Engine, prompts: list[list[int]], speculative: bool, seed: int) -> RunResult:
-    """engine.run, repeated once when it had to compile (the first run of a bucket is the warm-up)."""
-    result = engine.run(prompts, speculative=speculative, seed=seed)
+def timed_run(engine: Engine, prompts: list[list[int]], tree: TreeConfig | None, seed: int) -> RunResult:
+    """engine.run with `tree` (None: plain), repeated once when it had to compile (the first run of
+    a bucket is the warm-up: on XLA:CPU a compiled program's first call runs 0.5-0.9 s slower)."""
+    result = engine.run(prompts, tree=tree, seed=seed)
     if result.compile_s > 0:
-        result = dataclasses.replace(engine.run(prompts, speculative=speculative, seed=seed), compile_s=result.compile_s)
+        result = dataclasses.replace(engine.run(prompts, tree=tree, seed=seed), compile_s=result.compile_s)
     return result
 
 
@@ -76,13 +78,13 @@ def check_fits(engine: Engine, prompt_len: int) -> None:
         )
 
 
-def run_conversation(engine: Engine, prompt: Prompt, speculative: bool, seed: int) -> Conversation:
-    """Ask the turns in order, each after this mode's own answers to the earlier ones."""
+def run_conversation(engine: Engine, prompt: Prompt, tree: TreeConfig | None, seed: int) -> Conversation:
+    """Ask the turns in order, each after this mode's own answers to the earlier ones (`tree` None: plain)."""
     conversation = Conversation([], [], [])
     for turn in range(len(prompt.turns)):
         ids = engine.encode_chat(messages_for_turn(prompt, conversation.answers, turn), raw=prompt.raw)
         check_fits(engine, len(ids))
-        result = timed_run(engine, [ids], speculative, seed)
+        result = timed_run(engine, [ids], tree, seed)
         conversation.results.append(result)
         conversation.answers.append(engine.decode(result.tokens[0]))
         conversation.prompt_tokens.append(len(ids))
@@ -90,14 +92,14 @@ def run_conversation(engine: Engine, prompt: Prompt, speculative: bool, seed: in
 
 
 def measure_prompts(
-    engine: Engine, prompts: list[Prompt], *, speculative: bool = True, plain: bool = True,
-    seed: int = 0, desc: str = "",
+    engine: Engine, prompts: list[Prompt], *, tree: TreeConfig | None, plain: bool = True, seed: int = 0, desc: str = "",
 ) -> list[PromptRecord]:
-    """Speculative and/or plain decoding of each prompt, interleaved prompt by prompt, batch 1."""
+    """Speculative decoding with `tree` (None: none) and/or plain decoding of each prompt,
+    interleaved prompt by prompt, batch 1."""
     records = []
     for index, prompt in enumerate(tqdm(prompts, desc=desc, unit="prompt", leave=False)):
-        spec = run_conversation(engine, prompt, True, seed + index) if speculative else None
-        ar = run_conversation(engine, prompt, False, seed + index) if plain else None
+        spec = None if tree is None else run_conversation(engine, prompt, tree, seed + index)
+        ar = run_conversation(engine, prompt, None, seed + index) if plain else None
         records.append(PromptRecord(prompt, spec, ar, engine.sampling.greedy))
     return records
 
@@ -109,9 +111,9 @@ def fill_batches(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
     return [rows[i : i + batch] for i in range(0, count, batch)]
 
 
-def measure_batches(engine: Engine, batches: list[list[list[int]]], speculative: bool, seed: int, desc: str = "") -> RunResult:
-    """All batches decoded in one mode, merged: throughput = new_tokens / wall_s."""
+def measure_batches(engine: Engine, batches: list[list[list[int]]], tree: TreeConfig | None, seed: int, desc: str = "") -> RunResult:
+    """All batches decoded with `tree` (None: plain), merged: throughput = new_tokens / wall_s."""
     for batch in batches:
         for ids in batch:
             check_fits(engine, len(ids))
-    return merge([timed_run(engine, b, speculative, seed + i) for i, b in enumerate(tqdm(batches, desc=desc, unit="batch", leave=False))])
+    return merge([timed_run(engine, b, tree, seed + i) for i, b in enumerate(tqdm(batches, desc=desc, unit="batch", leave=False))])

@@ -1,5 +1,5 @@
 """Benchmark numbers from measured runs: summaries, per-category and batch rows, the stdout tables,
-the machine description and atomic JSON writes.
+and the machine description.
 
 tau = (new tokens - turns) / rounds: each round emits its accepted draft tokens + 1 (the target's
 own token); each turn's first token comes from prefill, not from a round (RunResult.tau).
@@ -19,8 +19,8 @@ import platform
 import jax
 
 from eagle_jax.infer.bench_measure import PromptRecord, merge
-from eagle_jax.infer.bench_policy import SWEEP_AXES, tree_fields
 from eagle_jax.infer.engine import RunResult
+from eagle_jax.infer.settings import SHAPE_FIELDS, tree_fields
 from eagle_jax.decoding.tree import TreeConfig
 
 
@@ -171,11 +171,11 @@ def format_report(report: dict) -> str:
         parts.append(format_table(["variant"] + SUMMARY_COLUMNS + ["prompt tokens"],
                                   [[v] + _summary_cells(s) + [s["mean_prompt_tokens"]] for v, s in report["per_variant"].items()]))
     if report["sweep"]:
-        columns = [*SWEEP_AXES, "tau", "spec_tokens_per_s", "speedup", "identical_to_ar"]
-        parts.append(format_table([*SWEEP_AXES, "tau", "spec tok/s", "speedup", "identical"],
+        columns = [*SHAPE_FIELDS, "tau", "spec_tokens_per_s", "speedup", "identical_to_ar"]
+        parts.append(format_table([*SHAPE_FIELDS, "tau", "spec tok/s", "speedup", "identical"],
                                   [[r[c] for c in columns] for r in report["sweep"]]))
     if report["batch"]:
-        columns = ["batch", *SWEEP_AXES, "ar_tokens_per_s", "spec_tokens_per_s", "speedup", "tau"]
-        parts.append(format_table(["batch", *SWEEP_AXES, "plain tok/s", "spec tok/s", "speedup", "tau"],
+        columns = ["batch", *SHAPE_FIELDS, "ar_tokens_per_s", "spec_tokens_per_s", "speedup", "tau"]
+        parts.append(format_table(["batch", *SHAPE_FIELDS, "plain tok/s", "spec tok/s", "speedup", "tau"],
                                   [[r[c] for c in columns] for r in report["batch"]]))
     return "\n\n".join(parts)

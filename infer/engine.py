@@ -1,7 +1,9 @@
 """A loaded target (and optional draft head) with compiled plain and speculative generate.
 
-Used by the CLI, the benchmark harness and the notebook. Compilation is done ahead of time per
-shape bucket, so `run` reports compile time and decode wall time separately.
+Used by the CLI, the benchmark harness and the notebook. `run(prompts, tree=...)` decodes with that
+draft tree, or plainly when `tree` is None: the caller decides (for the head's saved settings,
+`infer.settings.TreeChoice.for_batch`). Compilation is done ahead of time per tree and shape
+bucket, so `run` reports compile time and decode wall time separately.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +21,8 @@ from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import PAD, check_prompt_fits, pad_prompts
-from eagle_jax.infer.bench_policy import tree_for_batch
 from eagle_jax.loading import TargetModel
-from eagle_jax.model.transformer import with_block_copies
+from eagle_jax.model.cpu_layout import backend_layout
 from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.decoding.speculative import check_draft, generate_spec_jit
 from eagle_jax.decoding.tree import TreeConfig
@@ -51,34 +53,58 @@ class RunResult:
         return (self.new_tokens - len(self.tokens)) / rounds if rounds else float("nan")
 
 
+class LaidOutParams(NamedTuple):
+    """Target and head params laid out for the backend, with the params they were made from."""
+
+    source: dict
+    params: dict
+    draft_source: dict | None
+    dparams: dict | None
+
+    @classmethod
+    def of(cls, params: dict, dparams: dict | None) -> "LaidOutParams":
+        """On CPU the target keeps (in, out) copies for verify steps only where a head will verify."""
+        laid_out_head = None if dparams is None else backend_layout(dparams)
+        return cls(params, backend_layout(params, block_copies=dparams is not None), dparams, laid_out_head)
+
+    def holds(self, params: dict, dparams: dict | None) -> bool:
+        return self.source is params and self.draft_source is dparams
+
+
 @dataclasses.dataclass
 class Engine:
     target: TargetModel
-    draft: tuple[DraftConfig, dict] | None = None
-    tree: TreeConfig = TreeConfig()
+    draft: tuple[DraftConfig, dict] | None = None  # (config, params); None: plain decoding only
     sampling: SamplingConfig = SamplingConfig()
     max_new_tokens: int = 256
     cache_len: int | None = None  # None: the smallest bucket that fits prompt + max_new_tokens
-    attn_impl: str = "auto"
-    batch_policy: list[dict] | None = None  # measured by `eagle-jax bench --batch-sizes` (bench_policy)
-    speculate: bool = True  # False: the head's tuned setting found plain decoding faster (run decodes plainly)
-    # target.params with the verify step's (in, out) copies (`with_block_copies`), made once by the
-    # first engine with a draft and carried over by dataclasses.replace, so engines that differ in
-    # tree or settings share them (remade when the replacement brings another target)
-    spec_params: dict | None = dataclasses.field(default=None, repr=False, compare=False)
+    attention: str = "auto"  # the attention implementation of target and head (`ModelConfig.attention`)
+    # the params as decoding runs them (`backend_layout`), made once by the first engine and carried
+    # over by dataclasses.replace, so engines that differ in settings share them (remade when the
+    # replacement brings another target or head)
+    laid_out: "LaidOutParams | None" = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise EagleError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft is not None:
-            check_draft(self.target.cfg, self.draft[0], self.tree, self.sampling)
-            if self.spec_params is None or self.spec_params["layers"] is not self.target.params["layers"]:
-                self.spec_params = with_block_copies(self.target.params)
+            self.draft[0].check_target(self.target.cfg)
+        dparams = None if self.draft is None else self.draft[1]
+        if self.laid_out is None or not self.laid_out.holds(self.target.params, dparams):
+            self.laid_out = LaidOutParams.of(self.target.params, dparams)
         self._compiled = collections.OrderedDict()
 
-    def release(self) -> None:
-        """Drop every compiled executable (they recompile on the next run)."""
-        self._compiled.clear()
+    def release(self, *trees: TreeConfig | None) -> None:
+        """Drop the compiled executables of `trees` (None among them: plain decoding's), or every one
+        when no tree is given; they recompile on the next run."""
+        for key in [k for k in self._compiled if not trees or k[0] in trees]:
+            del self._compiled[key]
+
+    def check_tree(self, tree: TreeConfig) -> None:
+        """Refuse (EagleError) a tree this draft head and sampling cannot decode with."""
+        if self.draft is None:
+            raise EagleError("speculative decoding needs a draft head (--draft), or use --no-spec")
+        check_draft(self.target.cfg, self.draft[0], tree, self.sampling)
 
     def encode_chat(self, messages: list[dict], raw: bool = False) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template (or raw text)."""
@@ -91,12 +117,9 @@ class Engine:
     def decode(self, ids: list[int]) -> str:
         return self.target.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def run(self, prompts: list[list[int]], speculative: bool = True, seed: int = 0) -> RunResult:
-        """Generate for a batch of token-id prompts; speculative needs a draft head."""
-        if speculative and self.draft is None:
-            raise EagleError("speculative decoding needs a draft head (--draft), or use --no-spec")
-        tree = self.tree_for(len(prompts)) if speculative else None
-        speculative = tree is not None
+    def run(self, prompts: list[list[int]], *, tree: TreeConfig | None, seed: int = 0) -> RunResult:
+        """Generate for a batch of token-id prompts, speculatively with draft tree `tree` (which
+        needs a draft head), or plainly where `tree` is None."""
         tokens, lengths = pad_prompts(prompts)
         cache_len = self.cache_len or -(-(tokens.shape[1] + self.max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
         check_prompt_fits(int(lengths.max()), cache_len)
@@ -108,43 +131,37 @@ class Engine:
         if key in self._compiled:
             self._compiled.move_to_end(key)
         else:
+            if tree is not None:
+                self.check_tree(tree)
             while len(self._compiled) >= MAX_COMPILED:
                 self._compiled.popitem(last=False)
             start = time.perf_counter()
             self._compiled[key] = self._lower(tree, cache_len, *args).compile()
             compile_s = time.perf_counter() - start
         start = time.perf_counter()
-        out = jax.block_until_ready(self._compiled[key](*self._arguments(speculative), *args))
+        out = jax.block_until_ready(self._compiled[key](*self._arguments(tree is not None), *args))
         wall = time.perf_counter() - start
         out_tokens, counts = np.asarray(out.tokens), np.asarray(out.num_tokens)
         rows = [out_tokens[i, : counts[i]].tolist() for i in range(len(prompts))]
         assert all(PAD not in r for r in rows)
-        if speculative:
+        if tree is not None:
             return RunResult(rows, wall, compile_s, np.asarray(out.rounds).tolist(), np.asarray(out.accept_histogram))
         return RunResult(rows, wall, compile_s, [0] * len(rows), np.zeros((len(rows), 0), np.int32))
 
     def _arguments(self, speculative: bool) -> tuple:
         if speculative:
-            return (self.spec_params, self.draft[1])
-        return (self.target.params,)
-
-    def tree_for(self, batch: int) -> TreeConfig | None:
-        """The draft tree for a batch of this size; None when the measured settings turn speculation off."""
-        if not self.speculate:
-            return None
-        if self.batch_policy is None:
-            return self.tree
-        return tree_for_batch(self.tree, batch, self.batch_policy)
+            return (self.laid_out.params, self.laid_out.dparams)
+        return (self.laid_out.params,)
 
     def _lower(self, tree: TreeConfig | None, cache_len: int, tokens, lengths, rng):
         static = dict(
             max_new_tokens=self.max_new_tokens, cache_len=cache_len, sampling=self.sampling,
-            stop_ids=self.target.stop_ids, attn_impl=self.attn_impl,
+            stop_ids=self.target.stop_ids,
         )
-        cfg = self.target.cfg
+        cfg = dataclasses.replace(self.target.cfg, attention=self.attention)
         speculative = tree is not None
         if speculative:
-            dcfg = self.draft[0]
+            dcfg = dataclasses.replace(self.draft[0], attention=self.attention)
             fn = lambda p, dp, t, l, r: generate_spec_jit(p, cfg, dp, dcfg, t, l, r, tree=tree, **static)  # noqa: E731
         else:
             fn = lambda p, t, l, r: generate_ar_jit(p, cfg, t, l, r, **static)  # noqa: E731

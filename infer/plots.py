@@ -9,10 +9,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from eagle_jax.files import atomic_path  # noqa: E402
+
 
 def _save(fig, path: str) -> str:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
 

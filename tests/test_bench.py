@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -19,10 +20,8 @@ from conftest import tiny_config
 from eagle_jax.draft import DraftConfig, init_draft_params
 from eagle_jax.draft.checkpoint import export_draft, load_draft
 from eagle_jax.errors import EagleError
+from eagle_jax.infer import arguments, bench_measure, bench_report
 from eagle_jax.infer import bench as bench_cli
-from eagle_jax.infer import bench_measure, bench_report, cli
-from eagle_jax.infer.bench import load_batch_policy, load_tuned_tree
-from eagle_jax.infer.bench_policy import tuned_speculation_pays
 from eagle_jax.infer.bench_measure import Conversation, PromptRecord, measure_prompts
 from eagle_jax.infer.engine import Engine, RunResult
 from eagle_jax.infer.prompts import (
@@ -35,7 +34,9 @@ from eagle_jax.infer.prompts import (
     parse_variants,
     select_prompts,
 )
+from eagle_jax.infer.settings import load_batch_policy, load_tuned_tree
 from eagle_jax.loading import TargetModel
+from eagle_jax.model.cpu_layout import CpuWeight
 from eagle_jax.model.transformer import init_params
 from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.decoding.tree import TreeConfig
@@ -77,6 +78,7 @@ PROMPTS = [
     {"question_id": 3, "category": "a", "turns": ["w10 w11 w12 w13"]},
     {"question_id": 4, "category": "a", "turns": ["w14"]},
 ]
+TREE = TreeConfig(2, 2, 4)
 
 
 # ----------------------------------------------------------------------------- prompt files
@@ -141,8 +143,9 @@ def test_long_context_has_the_asked_length():
 
 
 class ScriptedEngine:
-    """Engine stand-in without a model: turn t of a mode answers script[speculative][t] in 0.5 s;
-    the first run of each mode "compiles"; records (speculative, messages) of every run."""
+    """Engine stand-in without a model: turn t of a mode answers script[speculative][t] in 0.5 s
+    (speculative: run with a tree); the first run of each mode "compiles"; records (speculative,
+    messages) of every run."""
 
     def __init__(self, script: dict[bool, list[list[int]]], greedy: bool = True):
         self.script, self.asked, self.compiled = script, [], set()
@@ -157,7 +160,8 @@ class ScriptedEngine:
     def decode(self, ids):
         return " ".join(f"t{i}" for i in ids)
 
-    def run(self, prompts, speculative=True, seed=0):
+    def run(self, prompts, *, tree, seed=0):
+        speculative = tree is not None
         self.asked.append((speculative, self.messages))
         tokens = self.script[speculative][(len(self.messages) - 1) // 2]
         compile_s = 0.0 if speculative in self.compiled else 1.0
@@ -168,7 +172,7 @@ class ScriptedEngine:
 
 def test_each_mode_continues_its_own_answers():
     engine = ScriptedEngine({True: [[1, 2, 3], [4, 5]], False: [[1, 2, 9], [6]]})
-    (record,) = measure_prompts(engine, [Prompt(1, "a", ("q0", "q1"))])
+    (record,) = measure_prompts(engine, [Prompt(1, "a", ("q0", "q1"))], tree=TREE)
     assert record.spec.answers == ["t1 t2 t3", "t4 t5"] and record.plain.answers == ["t1 t2 t9", "t6"]
     second = {spec: messages for spec, messages in engine.asked if len(messages) == 3}
     assert second[True][1] == {"role": "assistant", "content": "t1 t2 t3"}
@@ -181,16 +185,17 @@ def test_each_mode_continues_its_own_answers():
 
 def test_identical_to_ar_needs_greedy_decoding():
     script = {True: [[1, 2]], False: [[1, 2]]}
-    assert measure_prompts(ScriptedEngine(script), [Prompt(1, "a", ("q",))])[0].identical_to_ar is True
-    assert measure_prompts(ScriptedEngine(script, greedy=False), [Prompt(1, "a", ("q",))])[0].identical_to_ar is None
-    assert measure_prompts(ScriptedEngine(script), [Prompt(1, "a", ("q",))], plain=False)[0].identical_to_ar is None
+    assert measure_prompts(ScriptedEngine(script), [Prompt(1, "a", ("q",))], tree=TREE)[0].identical_to_ar is True
+    assert measure_prompts(ScriptedEngine(script, greedy=False), [Prompt(1, "a", ("q",))], tree=TREE)[0].identical_to_ar is None
+    assert measure_prompts(ScriptedEngine(script), [Prompt(1, "a", ("q",))], tree=TREE, plain=False)[0].identical_to_ar is None
+    assert measure_prompts(ScriptedEngine(script), [Prompt(1, "a", ("q",))], tree=None)[0].identical_to_ar is None
 
 
 def test_prompt_that_cannot_fit_is_refused():
     engine = ScriptedEngine({True: [[1]], False: [[1]]})
-    assert "positions" in one_line_error(measure_prompts, engine, [Prompt(1, "a", (" ".join(["w"] * 61),))])
+    assert "positions" in one_line_error(measure_prompts, engine, [Prompt(1, "a", (" ".join(["w"] * 61),))], tree=TREE)
     engine.cache_len = 32
-    assert "--cache-len 32" in one_line_error(measure_prompts, engine, [Prompt(1, "a", (" ".join(["w"] * 30),))])
+    assert "--cache-len 32" in one_line_error(measure_prompts, engine, [Prompt(1, "a", (" ".join(["w"] * 30),))], tree=TREE)
 
 
 def conversation(*turns: tuple[int, int, float]) -> Conversation:
@@ -251,7 +256,7 @@ def bench(argv: list[str], load_target) -> int:
     """`eagle-jax bench --model tiny --max-new-tokens 8 ARGV` as infer/cli.py wires it (model arguments,
     then the bench's; an EagleError exits 2 with one line), loading the target with `load_target`."""
     parser = argparse.ArgumentParser(prog="eagle-jax bench")
-    cli.add_model_arguments(parser)
+    arguments.add_model_arguments(parser)
     bench_cli.add_arguments(parser)
     args = parser.parse_args(["--model", "tiny", "--max-new-tokens", "8", *argv])
     with pytest.MonkeyPatch.context() as mp:
@@ -271,7 +276,7 @@ def full_run(tiny_model, tmp_path_factory):
     out, plots = str(tmp / "results" / "out.json"), str(tmp / "plots")
     rc = bench([
         "--prompts", write_lines(tmp / "p.jsonl", PROMPTS), "--out", out, "--draft", draft, "--limit", "2",
-        "--top-k", "2", "--depth", "2", "--num-nodes", "4", "--variants", "--long-context-tokens", "20",
+        "--tree-top-k", "2", "--tree-depth", "2", "--tree-nodes", "4", "--variants", "--long-context-tokens", "20",
         "--sweep", "num_nodes=4", "--trees", "2/2/6,2/2/4", "--batch-sizes", "1,2", "--auto-tune", "--plots", plots,
     ], load_target)
     assert rc == 0
@@ -339,9 +344,9 @@ def test_variants_sweep_and_batch(full_run):
 def test_auto_tune_saves_the_fastest_tree_and_the_batch_table(full_run):
     report, draft, _ = full_run
     fastest = max(report["sweep"], key=lambda r: r["speedup"])
-    assert load_tuned_tree(draft) == TreeConfig(2, 2, fastest["num_nodes"])
+    assert load_tuned_tree(draft).tree == TreeConfig(2, 2, fastest["num_nodes"])
     pays = fastest["speedup"] > 1
-    assert report["auto_tune"]["speculate"] == pays == tuned_speculation_pays(draft)
+    assert report["auto_tune"]["speculate"] == pays == load_tuned_tree(draft).speculate
     assert report["auto_tune"]["tree_file"] == os.path.join(draft, "tree.json")
     assert load_batch_policy(draft) == report["batch"]
 
@@ -353,12 +358,12 @@ def test_auto_tune_ranks_trees_by_speedup_over_their_own_plain_runs(tmp_path):
         {"top_k": 1, "depth": 1, "num_nodes": 2, "lookup": 3, "tau": 1.8, "spec_tokens_per_s": 48.0, "ar_tokens_per_s": 42.0, "speedup": 48 / 42},
     ]
     report = bench_cli.auto_tune(str(tmp_path), sweep, [], {}, sampled=False)
-    assert load_tuned_tree(str(tmp_path)) == TreeConfig(1, 1, 2, lookup=3) and report["speculate"]
+    assert load_tuned_tree(str(tmp_path)).tree == TreeConfig(1, 1, 2, lookup=3) and report["speculate"]
     sweep[1] |= {"spec_tokens_per_s": 40.0, "speedup": 40 / 42}
     sweep[0] |= {"spec_tokens_per_s": 49.0, "speedup": 0.98}
     report = bench_cli.auto_tune(str(tmp_path), sweep, [], {}, sampled=False)
-    assert load_tuned_tree(str(tmp_path)) == TreeConfig(2, 1, 3, lookup=5) and not report["speculate"]
-    assert not tuned_speculation_pays(str(tmp_path))
+    assert load_tuned_tree(str(tmp_path)).tree == TreeConfig(2, 1, 3, lookup=5) and not report["speculate"]
+    assert not load_tuned_tree(str(tmp_path)).speculate
 
 
 def test_plots(full_run):
@@ -382,6 +387,10 @@ def test_ar_only(tiny_model, tmp_path, capsys):
     assert "category" in table and "\nall " in table
 
 
+def no_model(*args, **kwargs):
+    raise AssertionError("bad inputs must be refused before the model is loaded")
+
+
 @pytest.mark.parametrize("lines, args, words", [
     (None, [], "does not exist"),
     ([PROMPTS[0], "{oops"], [], "p.jsonl:2: not valid JSON"),
@@ -392,14 +401,20 @@ def test_ar_only(tiny_model, tmp_path, capsys):
 ])
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys, lines, args, words):
     prompts = str(tmp_path / "p.jsonl") if lines is None else write_lines(tmp_path / "p.jsonl", lines)
-
-    def no_model(*a, **k):
-        raise AssertionError("bad inputs must be refused before the model is loaded")
-
     assert bench(["--prompts", prompts, "--out", str(tmp_path / "o.json"), *args], no_model) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("eagle-jax: error:") and words in err and "\n" not in err
     assert not os.path.exists(tmp_path / "o.json")
+
+
+def test_plots_without_matplotlib_fail_before_any_work(tmp_path, capsys, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    prompts = write_lines(tmp_path / "p.jsonl", PROMPTS[:1])
+    assert bench(["--prompts", prompts, "--out", str(tmp_path / "o.json"), "--plots", str(tmp_path / "plots")], no_model) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eagle-jax: error: --plots needs the matplotlib package") and 'pip install -e ".[train]"' in err
+    assert "\n" not in err and not os.path.exists(tmp_path / "o.json")
 
 
 def test_engine_keeps_at_most_max_compiled_executables(tiny_model, monkeypatch):
@@ -410,28 +425,34 @@ def test_engine_keeps_at_most_max_compiled_executables(tiny_model, monkeypatch):
     monkeypatch.setattr(engine_module, "MAX_COMPILED", 2)
     load_target, draft = tiny_model
     target = load_target("tiny")
-    engine = engine_module.Engine(target, load_draft(draft, target.cfg), TreeConfig(2, 2, 4), max_new_tokens=4)
-    engine.run([[1, 2, 3]])
-    pair = engine.run([[1, 2, 3]] * 2)
-    assert engine.run([[1, 2, 3]]).compile_s == 0.0  # still there, and now the most recent
-    engine.run([[1, 2, 3]] * 3)  # evicts the batch-2 executable
+    engine = engine_module.Engine(target, load_draft(draft, target.cfg), max_new_tokens=4)
+    engine.run([[1, 2, 3]], tree=TREE)
+    pair = engine.run([[1, 2, 3]] * 2, tree=TREE)
+    assert engine.run([[1, 2, 3]], tree=TREE).compile_s == 0.0  # still there, and now the most recent
+    engine.run([[1, 2, 3]] * 3, tree=TREE)  # evicts the batch-2 executable
     assert len(engine._compiled) == 2
-    assert engine.run([[1, 2, 3]]).compile_s == 0.0
-    again = engine.run([[1, 2, 3]] * 2)
+    assert engine.run([[1, 2, 3]], tree=TREE).compile_s == 0.0
+    again = engine.run([[1, 2, 3]] * 2, tree=TREE)
     assert again.compile_s > 0.0 and again.tokens == pair.tokens
+    engine.run([[1, 2, 3]], tree=None)  # plain decoding evicts the least recent one (batch 1 with TREE)
+    engine.release(TREE)  # a tree's executables only
+    assert [tree for tree, *_ in engine._compiled] == [None]
     engine.release()
     assert not engine._compiled
 
 
-def test_replaced_engines_share_the_verify_copies_of_their_own_target(tiny_model):
-    """Engines made by dataclasses.replace (bench's tree sweeps) reuse the first engine's
-    `with_block_copies` params; one given another target makes copies of that target's."""
+def test_replaced_engines_share_the_laid_out_params_of_their_own_target(tiny_model):
+    """Engines made by dataclasses.replace reuse the first engine's `backend_layout` params; one
+    given another target lays out that target's."""
     load_target, draft = tiny_model
     target = load_target("tiny")
-    engine = Engine(target, load_draft(draft, target.cfg), TreeConfig(2, 2, 4), max_new_tokens=4)
-    assert engine.spec_params["layers"] is target.params["layers"]
-    assert dataclasses.replace(engine, tree=TreeConfig(3, 2, 6)).spec_params is engine.spec_params
+    engine = Engine(target, load_draft(draft, target.cfg), max_new_tokens=4)
+    assert engine.laid_out.source is target.params
+    assert isinstance(engine.laid_out.params["layers"][0]["wq"], CpuWeight)  # the tests run on CPU
+    assert engine.laid_out.params["layers"][0]["wq"].in_out is not None  # a head verifies: copies for its blocks
+    assert dataclasses.replace(engine, max_new_tokens=6).laid_out is engine.laid_out
     other = dataclasses.replace(target, params=init_params(jax.random.key(5), target.cfg, scale=0.3))
     moved = dataclasses.replace(engine, target=other)
-    assert moved.spec_params["layers"] is other.params["layers"]
-    assert moved.run([[1, 2, 3]]).tokens == Engine(other, engine.draft, engine.tree, max_new_tokens=4).run([[1, 2, 3]]).tokens
+    assert moved.laid_out.source is other.params
+    assert moved.run([[1, 2, 3]], tree=TREE).tokens == Engine(other, engine.draft, max_new_tokens=4).run([[1, 2, 3]], tree=TREE).tokens
+    assert Engine(target, max_new_tokens=4).laid_out.params["layers"][0]["wq"].in_out is None  # plain decoding only: no copies

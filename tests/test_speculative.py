@@ -3,6 +3,8 @@ sampled output follows the target distribution (chi-square against the exact law
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,10 +13,12 @@ import pytest
 from conftest import tiny_config
 from eagle_jax.draft import DraftConfig, init_draft_params
 from eagle_jax.errors import EagleError
+from eagle_jax.infer.engine import Engine
+from eagle_jax.loading import TargetModel
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import pad_prompts
-from eagle_jax.model.layers import InOut
-from eagle_jax.model.transformer import causal_mask, forward, init_params, lm_head, with_block_copies
+from eagle_jax.model.cpu_layout import cpu_layout
+from eagle_jax.model.transformer import causal_mask, forward, init_params, lm_head
 from eagle_jax.decoding.sampling import SamplingConfig, processed_log_probs
 from eagle_jax.decoding.speculative import generate_spec, generate_spec_jit
 from eagle_jax.decoding.tree import TreeConfig
@@ -163,14 +167,23 @@ def test_compiled_generate_is_one_loop_without_host_callbacks():
 
 
 def test_callable_inside_a_users_jit():
+    """generate_spec traced inside a user's own jitted function gives the tokens the Engine's run
+    gives (which lays the params out for the backend and compiles ahead of time)."""
     dcfg, dparams = head("eagle1")
+    tree = TreeConfig(2, 1, 4)
+    rows = [[1, 2, 3, 4, 5], [7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3], [3], [5, 6, 7]]
+    tokens, lengths = pad_prompts(rows)
 
     @jax.jit
     def user_fn(params, dparams, tokens, lengths):
-        out = generate_spec(params, CFG, dparams, dcfg, tokens, lengths, jax.random.key(0), max_new_tokens=6, cache_len=32, tree=TreeConfig(2, 1, 4))
-        return out.tokens.sum() + out.rounds.sum()
+        out = generate_spec(params, CFG, dparams, dcfg, tokens, lengths, jax.random.key(0), max_new_tokens=6, cache_len=256, tree=tree)
+        return out.tokens, out.num_tokens, out.rounds.sum()
 
-    assert user_fn(PARAMS, dparams, *PROMPTS).shape == ()
+    ids, counts, rounds = jax.tree.map(np.asarray, user_fn(PARAMS, dparams, tokens, lengths))
+    engine = Engine(TargetModel(CFG, PARAMS, None, "tiny"), (dcfg, dparams), max_new_tokens=6)
+    run = engine.run(rows, tree=tree)
+    assert [ids[i, : counts[i]].tolist() for i in range(len(rows))] == run.tokens
+    assert rounds == sum(run.rounds) > 0
 
 
 @pytest.mark.parametrize(
@@ -199,7 +212,7 @@ def exact_law(params, cfg, prompt, sampling, n):
     full = np.concatenate([np.broadcast_to(prompt, (len(seqs), len(prompt))), seqs], axis=1)
     ids = jnp.asarray(full, jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-    out = forward(params, cfg, ids, pos, None, causal_mask(jnp.ones(ids.shape, bool)), attn_impl="xla")
+    out = forward(params, cfg, ids, pos, None, causal_mask(jnp.ones(ids.shape, bool)))
     logp = np.asarray(processed_log_probs(lm_head(params, out.hidden), sampling))  # (N, L, V)
     p0 = len(prompt) - 1
     total = sum(logp[np.arange(len(seqs)), p0 + j, seqs[:, j]] for j in range(n))
@@ -262,29 +275,39 @@ def test_speculative_sampling_follows_the_target_distribution(sampling, tree, dr
 
 def test_greedy_equality_with_pallas_kernels_in_interpret_mode():
     dcfg, dparams = head("eagle3")
-    ar, spec = run_both(dcfg, dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32, attn_impl="pallas_interpret")
+    interpret = dict(cfg=dataclasses.replace(CFG, attention="pallas_interpret"))
+    ar, spec = run_both(dataclasses.replace(dcfg, attention="pallas_interpret"), dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32,
+                        **interpret)
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
-    ar_xla, _ = run_both(dcfg, dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32, attn_impl="xla")
+    ar_xla, _ = run_both(dataclasses.replace(dcfg, attention="xla"), dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32,
+                         cfg=dataclasses.replace(CFG, attention="xla"))
     np.testing.assert_array_equal(ar.tokens, ar_xla.tokens)
 
 
 @pytest.mark.parametrize("tree", [TreeConfig(4, 3, 16), TreeConfig(2, 2, 2, lookup=3)])
-def test_greedy_equality_with_block_copies(tree):
-    """Verify steps multiplying by the (in, out) copies that the Engine passes on CPU, decode steps
-    of plain decoding by the stored weights: the tokens are the same."""
-    params = with_block_copies(PARAMS)
-    assert "block_layers" in params  # the tests run on CPU
-    ar, spec = run_both(*head("eagle3"), tree, params=params, stop_ids=(7,))
+def test_greedy_equality_with_the_cpu_layout(tree):
+    """Params in the CPU layout (the Engine's on CPU: verify blocks multiply by (in, out) copies,
+    decode steps by the stored weights in another form): the same tokens as plain params."""
+    dcfg, dparams = head("eagle3")
+    plain, _ = run_both(dcfg, dparams, tree, stop_ids=(7,))
+    params = cpu_layout(PARAMS)
+    ar, spec = run_both(dcfg, cpu_layout(dparams), tree, params=params, stop_ids=(7,))
+    np.testing.assert_array_equal(ar.tokens, plain.tokens)
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
-    # the verify steps do read the copies: spoiled copies change what is accepted
-    spoiled = params | {"block_layers": [layer | {"w_down": InOut(0 * layer["w_down"].w)} for layer in params["block_layers"]]}
-    _, wrong = run_both(*head("eagle3"), tree, params=spoiled, stop_ids=(7,))
-    assert (wrong.tokens != ar.tokens).any()
+    # the verify steps do read the copies: spoiled copies change what is accepted, not plain decoding
+    # (whose prompts, padded to 64 tokens as the Engine pads them, prefill by the stored weights)
+    spoiled = params | {"layers": [layer | {"w_down": layer["w_down"].replace(in_out=0 * layer["w_down"].in_out)} for layer in params["layers"]]}
+    prompts = pad_prompts([[1, 2, 3, 4, 5], [7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3], [3], [5, 6, 7]], multiple=64)
+    kw = dict(prompts=prompts, stop_ids=(7,), cache_len=128)
+    _, right = run_both(dcfg, dparams, tree, params=params, **kw)
+    ar_spoiled, wrong = run_both(dcfg, dparams, tree, params=spoiled, **kw)
+    np.testing.assert_array_equal(ar_spoiled.tokens, right.tokens)
+    assert (wrong.tokens != right.tokens).any()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, copies", [("eagle1", False), ("eagle3", False), ("eagle3", True)])
-def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_target, kind, copies):
+@pytest.mark.parametrize("kind, laid_out", [("eagle1", False), ("eagle3", False), ("eagle3", True)])
+def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_target, kind, laid_out):
     cfg, params = smollm2_target.cfg, smollm2_target.params
     tok = smollm2_target.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
@@ -294,6 +317,7 @@ def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_targ
     dparams = init_draft_params(jax.random.key(0), dcfg)
     kw = dict(max_new_tokens=24, cache_len=128, stop_ids=smollm2_target.stop_ids)
     ar = generate_ar_jit(params, cfg, *prompts, jax.random.key(0), **kw)
-    spec_params = with_block_copies(params) if copies else params  # as the Engine verifies on CPU
-    spec = generate_spec_jit(spec_params, cfg, dparams, dcfg, *prompts, jax.random.key(0), tree=TreeConfig(4, 3, 12), **kw)
+    if laid_out:  # as the Engine runs on CPU
+        params, dparams = cpu_layout(params), cpu_layout(dparams)
+    spec = generate_spec_jit(params, cfg, dparams, dcfg, *prompts, jax.random.key(0), tree=TreeConfig(4, 3, 12), **kw)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))

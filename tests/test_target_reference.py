@@ -14,17 +14,18 @@ import pytest
 from conftest import FIXTURES
 from eagle_jax.decoding.prompts import last_valid, prefill
 from eagle_jax.loading import load_target
-from eagle_jax.model.layers import FEW_ROWS, InOut, dense
-from eagle_jax.model.transformer import causal_mask, for_blocks, forward, lm_head, make_cache, with_block_copies
+from eagle_jax.model.cpu_layout import FEW_ROWS, MAX_BLOCK_TOKENS, CpuWeight, cpu_layout
+from eagle_jax.model.layers import dense
+from eagle_jax.model.transformer import causal_mask, forward, lm_head, make_cache
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"]
 
 
-@pytest.mark.parametrize("blocks", [False, True], ids=["stored", "block_copies"])
+@pytest.mark.parametrize("laid_out", [False, True], ids=["stored", "cpu_layout"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_and_hidden_states_match_transformers(family, blocks):
-    """The forward matches transformers with the weights as loaded and with the (in, out) copies
-    that verify steps multiply by (`with_block_copies`)."""
+def test_logits_and_hidden_states_match_transformers(family, laid_out):
+    """The forward matches transformers with the weights as loaded and in the CPU layout (whose
+    (in, out) copies blocks of tokens multiply by, and whose other form one row takes)."""
     directory = os.path.join(FIXTURES, family)
     ref = np.load(os.path.join(directory, "reference.npz"))
     target = load_target(directory, with_tokenizer=False)
@@ -32,14 +33,15 @@ def test_logits_and_hidden_states_match_transformers(family, blocks):
     ids = jnp.asarray(ref["input_ids"])
     positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
     layers = tuple(range(cfg.num_layers))
-    params = for_blocks(with_block_copies(target.params)) if blocks else target.params
-    if blocks:
-        assert all(isinstance(layer["wq"], InOut) for layer in params["layers"])  # CPU: the copies are used
+    params = cpu_layout(target.params) if laid_out else target.params
+    if laid_out:
+        assert all(isinstance(layer["wq"], CpuWeight) and layer["wq"].in_out is not None for layer in params["layers"])
+        assert 1 < ids.shape[1] < MAX_BLOCK_TOKENS  # the block multiplies by the copies
     out = forward(params, cfg, ids, positions, None, causal_mask(jnp.ones(ids.shape, bool)), capture=layers)
-    logits = lm_head(target.params, out.hidden)
+    logits = lm_head(params, out.hidden)
     assert np.abs(np.asarray(logits) - ref["logits"]).max() <= 1e-4
     # one row alone, as in a decode step
-    single = lm_head(target.params, out.hidden[:1, -1:])
+    single = lm_head(params, out.hidden[:1, -1:])
     assert np.abs(np.asarray(single)[0, 0] - ref["logits"][0, -1]).max() <= 1e-4
     # HF hidden_states[i] (i < L) is the input of layer i; hidden_states[L] is post-norm.
     assert np.abs(np.asarray(out.captured) - ref["hidden_states"][:-1]).max() <= 1e-4
@@ -90,19 +92,43 @@ def test_gguf_tokenizer_and_chat_template_match_transformers(smollm2_target):
 
 
 @pytest.mark.parametrize("rows", [1, 5, 7, 12, FEW_ROWS - 1, FEW_ROWS, FEW_ROWS + 1, 300])
-def test_dense_matches_numpy_on_both_paths(rows):
-    """`dense` takes a CPU-specific form up to FEW_ROWS rows (padded to whole ROW_BLOCKs past
-    PAD_ABOVE rows) and the plain contraction above: both, their gradients (training goes through
-    both) and their vmap (TTT steps) must be x @ w.T."""
+def test_dense_matches_numpy_in_every_form(rows):
+    """`dense` of a plain weight, and of a CpuWeight in each of its forms (w @ x^T up to FEW_ROWS
+    rows, padded to whole ROW_BLOCKs past PAD_ABOVE; the (in, out) copy for blocks of tokens; the
+    plain contraction above), its gradient and its vmap: all x @ w.T."""
     rng = np.random.default_rng(rows)
     x, w = rng.normal(size=(1, rows, 24)).astype(np.float32), rng.normal(size=(40, 24)).astype(np.float32)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    np.testing.assert_allclose(dense(jnp.asarray(x), jnp.asarray(w)), x64 @ w64.T, rtol=1e-5, atol=1e-5)
+    want = x64 @ w64.T
+    weights = {"plain": jnp.asarray(w), "cpu": CpuWeight(jnp.asarray(w)), "cpu_copies": CpuWeight(jnp.asarray(w), jnp.asarray(w.T))}
     cotangent = rng.normal(size=(1, rows, 40))
-    gx, gw = jax.grad(lambda x, w: jnp.sum(dense(x, w) * cotangent), argnums=(0, 1))(jnp.asarray(x), jnp.asarray(w))
-    np.testing.assert_allclose(gx, cotangent @ w64, rtol=1e-4, atol=1e-4)
+    for name, weight in weights.items():
+        np.testing.assert_allclose(dense(jnp.asarray(x), weight), want, rtol=1e-5, atol=1e-5, err_msg=name)
+        # rows of one token each, as decode steps have them
+        np.testing.assert_allclose(dense(jnp.asarray(x[0][:, None]), weight)[:, 0], want[0], rtol=1e-5, atol=1e-5, err_msg=name)
+        gx = jax.grad(lambda x: jnp.sum(dense(x, weight) * cotangent))(jnp.asarray(x))
+        np.testing.assert_allclose(gx, cotangent @ w64, rtol=1e-4, atol=1e-4, err_msg=name)
+        batched = jax.vmap(lambda x: dense(x, weight), in_axes=1, out_axes=1)(jnp.asarray(x))
+        np.testing.assert_allclose(batched, want, rtol=1e-5, atol=1e-5, err_msg=name)
+    gw = jax.grad(lambda w: jnp.sum(dense(jnp.asarray(x), w) * cotangent))(jnp.asarray(w))
     np.testing.assert_allclose(gw, cotangent[0].T @ x64[0], rtol=1e-4, atol=1e-4)
-    batched = jax.vmap(dense, in_axes=(1, None), out_axes=1)(jnp.asarray(x), jnp.asarray(w))
-    np.testing.assert_allclose(batched, x64 @ w64.T, rtol=1e-5, atol=1e-5)
-    # an (in, out) copy, as verify steps multiply
-    np.testing.assert_allclose(dense(jnp.asarray(x), InOut(jnp.asarray(w.T))), x64 @ w64.T, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_layout_covers_every_projection_of_target_and_head():
+    """Every projection, the fc and the lm_head (a tied target's: its embedding) take the layout;
+    embeddings, norms and the vocabulary map stay arrays; laying out twice changes nothing."""
+    from conftest import tiny_config
+    from eagle_jax.draft import DraftConfig, init_draft_params
+    from eagle_jax.model.transformer import init_params
+
+    cfg = tiny_config(vocab_size=8, tie_embeddings=True)
+    params = cpu_layout(init_params(jax.random.key(0), cfg))
+    assert params["lm_head"].w is params["embed"] and params["lm_head"].in_out is None
+    for layer in params["layers"]:
+        assert {k for k, v in layer.items() if isinstance(v, CpuWeight)} == {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+    assert cpu_layout(params) is params
+    dparams = cpu_layout(init_draft_params(jax.random.key(1), DraftConfig.for_target(cfg, kind="eagle3", draft_vocab_size=4)))
+    assert all(isinstance(dparams[k], CpuWeight) and dparams[k].in_out is None for k in ("fc", "lm_head"))
+    assert all(v.in_out is None for v in dparams["layer"].values() if isinstance(v, CpuWeight))
+    assert not isinstance(dparams["d2t"], CpuWeight) and not isinstance(dparams["final_norm"], CpuWeight)
+    assert cpu_layout(params, block_copies=False)["layers"][0]["wq"].in_out is not None  # already laid out: as it was

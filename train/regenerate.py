@@ -5,7 +5,8 @@ Turns are regenerated in order, each conditioned on the conversation so far with
 already replaced; the first `keep_turns` answers may be kept as given (already the target's own, from
 an earlier regeneration), so that later turns are answered without redoing the first. Process p of
 P handles conversations i % P == p and appends each finished one as a JSON line to
-`part-p-of-P.jsonl`; a restarted run skips the ids already there.
+`part-p-of-P.jsonl`; a restarted run skips the ids already there. Process 0 shows a progress bar
+with an ETA on stderr (regenerating thousands of conversations takes hours on a CPU).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import pad_prompts
@@ -83,22 +85,27 @@ def regenerate_batch(
 
 def regenerate_conversations(
     conversations: Sequence[Conversation], target: TargetModel, directory: str, max_new_tokens: int, batch_size: int, seq_len: int,
-    keep_turns: int = 0,
+    keep_turns: int = 0, progress: bool = True,
 ) -> list[Conversation]:
     """The conversations with regenerated assistant turns, in input order; those whose first
     regenerated turn's prompt already leaves no room for an answer are dropped (and retried, cheaply,
-    by a restarted run)."""
+    by a restarted run). `progress`: process 0 shows a bar over this process's conversations."""
     os.makedirs(directory, exist_ok=True)
     rank, world = jax.process_index(), jax.process_count()
     part = os.path.join(directory, f"part-{rank:05d}-of-{world:05d}.jsonl")
     done = read_done(part, repair=True)
-    todo = [c for i, c in enumerate(conversations) if i % world == rank and c.id not in done]
-    with open(part, "a") as f:
+    mine = [c for i, c in enumerate(conversations) if i % world == rank]
+    todo = [c for c in mine if c.id not in done]
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="regenerating answers", unit="conversation",
+               disable=not progress or rank != 0, dynamic_ncols=True)
+    with open(part, "a") as f, bar:
         for start in range(0, len(todo), batch_size):
-            for conv in regenerate_batch(todo[start: start + batch_size], target, max_new_tokens, seq_len, keep_turns):
+            batch = todo[start: start + batch_size]
+            for conv in regenerate_batch(batch, target, max_new_tokens, seq_len, keep_turns):
                 f.write(json.dumps({"id": conv.id, "messages": [(m["role"], m["content"]) for m in conv.messages]}) + "\n")
             f.flush()
             os.fsync(f.fileno())
+            bar.update(len(batch))
     mesh_lib.barrier("regenerated")
     finished = {}
     for rank_file in range(world):

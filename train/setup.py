@@ -26,6 +26,7 @@ from eagle_jax.draft.checkpoint import load_draft
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import init_draft_params
 from eagle_jax.errors import EagleError
+from eagle_jax.files import read_json, write_json_atomic
 from eagle_jax.loading import TargetModel
 from eagle_jax.train import data as data_lib
 from eagle_jax.train import mesh as mesh_lib
@@ -103,12 +104,6 @@ def say(text: str) -> None:
         print(text, flush=True)
 
 
-def write_json(path: str, value: dict) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=2)
-    os.replace(path + ".tmp", path)
-
-
 def check_out_dir(cfg: TrainConfig) -> None:
     """A new run needs a directory without a run; --resume needs the settings of the run it continues."""
     config_path = os.path.join(cfg.out, CONFIG_FILE)
@@ -118,8 +113,7 @@ def check_out_dir(cfg: TrainConfig) -> None:
         return
     if not os.path.exists(config_path):
         raise EagleError(f"--resume: {cfg.out} holds no training run (no {CONFIG_FILE})")
-    with open(config_path) as f:
-        saved = json.load(f)
+    saved = read_json(config_path, what="the settings of a training run")
     now = cfg.fingerprint()
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # settings newer than the saved run
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k, defaults.get(k)) != now.get(k))
@@ -129,7 +123,7 @@ def check_out_dir(cfg: TrainConfig) -> None:
 
 
 def write_run_config(cfg: TrainConfig) -> None:
-    mesh_lib.on_main_process(lambda: write_json(os.path.join(cfg.out, CONFIG_FILE), cfg.fingerprint()), "run-config")
+    mesh_lib.on_main_process(lambda: write_json_atomic(os.path.join(cfg.out, CONFIG_FILE), cfg.fingerprint()), "run-config")
 
 
 def check_draft_vocab(size: int, target_vocab_size: int) -> None:
@@ -197,7 +191,7 @@ def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.Tokeni
     if cfg.regenerate:
         conversations = regenerate_conversations(
             conversations, target, os.path.join(cfg.out, "regenerated"), cfg.regen_max_new_tokens, cfg.regen_batch_size, cfg.seq_len,
-            cfg.regen_keep_turns,
+            cfg.regen_keep_turns, progress=cfg.progress,
         )
         stats["regenerated"] = len(conversations)
     train_convs, dev_convs = data_lib.split_dev(conversations, cfg.dev_fraction, cfg.seed)
@@ -212,7 +206,7 @@ def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.Tokeni
         os.makedirs(data_dir, exist_ok=True)
         train.save(train_path)
         dev.save(dev_path)
-        write_json(os.path.join(data_dir, "stats.json"), summary)
+        write_json_atomic(os.path.join(data_dir, "stats.json"), summary)
 
     mesh_lib.on_main_process(save, "data")
     return train, dev

@@ -16,6 +16,7 @@ causal ones. Memory stays O(T^2 + k*T) per step, as with the reference's diagona
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -24,13 +25,16 @@ import jax.numpy as jnp
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import draft_forward
 from eagle_jax.model.kv_cache import KVCache
-from eagle_jax.model.layers import many_rows
 from eagle_jax.model.transformer import causal_mask
 from eagle_jax.train.losses import shift_left
 
-# Training differentiates through the draft's attention and the Pallas kernels define no VJP: training
-# (draft and target features alike) uses the jnp attention.
-ATTN_IMPL = "xla"
+TRAINING_ATTENTION = "xla"
+
+
+def for_training(cfg):
+    """A target or draft config whose attention training can differentiate: the Pallas kernels
+    define no VJP, so training (draft and target features alike) runs the jnp attention."""
+    return dataclasses.replace(cfg, attention=TRAINING_ATTENTION)
 
 
 class StepOutput(NamedTuple):
@@ -57,16 +61,11 @@ def chain_step(
         cache = KVCache(context_k, context_v, jnp.full((batch,), length, jnp.int32))
         mask = jnp.ones((batch, 1, num_chain + 1), bool)
         extra = (chain_k, chain_v) if num_chain else None
-        out = draft_forward(
-            dparams, dcfg, target_params, h[:, None], token[:, None], position[:, None], cache, mask, extra, attn_impl=ATTN_IMPL
-        )
+        out = draft_forward(dparams, for_training(dcfg), target_params, h[:, None], token[:, None], position[:, None], cache, mask, extra)
         return out.logits[:, 0], out.hidden[:, 0], out.k_new[0, :, 0], out.v_new[0, :, 0]
 
     lengths = jnp.arange(1, tokens.shape[1] + 1, dtype=jnp.int32)  # position t sees context keys 0..t
-    with many_rows():  # each vmapped call sees B rows; together they are B * T
-        logits, next_hidden, k, v = jax.vmap(at_position, in_axes=(1, 1, 1, 0, 1, 1), out_axes=1)(
-            hidden, tokens, positions, lengths, *chain
-        )
+    logits, next_hidden, k, v = jax.vmap(at_position, in_axes=(1, 1, 1, 0, 1, 1), out_axes=1)(hidden, tokens, positions, lengths, *chain)
     return StepOutput(logits, next_hidden), k, v
 
 
@@ -87,8 +86,7 @@ def unroll(
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     empty = KVCache.zeros(1, b, 0, dcfg.num_kv_heads, dcfg.head_dim, hidden.dtype)
     first = draft_forward(
-        dparams, dcfg, target_params, hidden, shift_left(tokens, 1), positions, empty, causal_mask(jnp.ones((b, t), bool)),
-        attn_impl=ATTN_IMPL,
+        dparams, for_training(dcfg), target_params, hidden, shift_left(tokens, 1), positions, empty, causal_mask(jnp.ones((b, t), bool))
     )
     outputs = [StepOutput(first.logits, first.hidden)]
     context = (first.k_new[0], first.v_new[0])

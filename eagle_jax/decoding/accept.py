@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.decoding.sampling import SamplingConfig, target_probs
-from eagle_jax.decoding.tree import DraftTree, TreeConfig
+from eagle_jax.decoding.tree import DraftTree, SampledNodes, TreeConfig
 
 
 class Acceptance(NamedTuple):
@@ -57,12 +57,12 @@ def accept_sampling(rng: jax.Array, tree: DraftTree, logits: jax.Array, sampling
     probs = target_probs(logits, sampling)  # (B, T, V)
     keys = jax.random.split(rng, logits.shape[0])
     b, t = tree.tokens.shape
-    drawn = tree.draw_probs is not None
-    draw_probs = tree.draw_probs if drawn else jnp.zeros((b, t, 1), jnp.float32)
-    draw_vocab = tree.draw_vocab if drawn else jnp.zeros((b, 1), jnp.int32)
-    is_drawn = ~tree.looked_up if drawn else jnp.zeros((b, t), bool)  # the node was drawn (the root never is tried)
+    sampled = tree.sampled
+    if sampled is None:  # every child deterministic: nothing was drawn from
+        sampled = SampledNodes(jnp.zeros((b, t, 1), jnp.float32), jnp.zeros((b, 1), jnp.int32), jnp.ones((b, t), bool))
+    is_drawn = ~sampled.looked_up  # the node was drawn (the root is never tried)
     return jax.vmap(lambda *row: accept_row(*row, tree_cfg))(
-        keys, tree.tokens, tree.parents, tree.depths, probs, draw_probs, draw_vocab, is_drawn
+        keys, tree.tokens, tree.parents, tree.depths, probs, sampled.draw_probs, sampled.draw_vocab, is_drawn
     )
 
 

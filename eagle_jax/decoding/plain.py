@@ -34,14 +34,13 @@ def generate_ar(
     cache_len: int,
     sampling: SamplingConfig = SamplingConfig(),
     stop_ids: tuple[int, ...] = (),
-    attn_impl: str = "auto",
 ) -> GenerateOutput:
     """Decode up to max_new_tokens per row. Pure and traceable: wrap in jax.jit with the keyword
     arguments and `cfg` static (see `generate_ar_jit`), or call inside your own jitted function."""
     b, p = prompt_tokens.shape
     check_prompt_fits(p, cache_len)
     cache = make_cache(cfg, b, cache_len, params["embed"].dtype)
-    out, cache = prefill(params, cfg, prompt_tokens, prompt_lengths, cache, attn_impl=attn_impl)
+    out, cache = prefill(params, cfg, prompt_tokens, prompt_lengths, cache)
     rng, key = jax.random.split(rng)
     first = sample_tokens(key, lm_head(params, last_valid(out.hidden, prompt_lengths)), sampling)
     tokens = jnp.full((b, max_new_tokens), PAD, jnp.int32).at[:, 0].set(first)
@@ -54,7 +53,7 @@ def generate_ar(
     def body(state):
         cache, tokens, last, done, rng, step = state
         positions = cache.lengths[:, None]
-        out = forward(params, cfg, last[:, None], positions, cache, jnp.ones((b, 1, 1), bool), attn_impl=attn_impl)
+        out = forward(params, cfg, last[:, None], positions, cache, jnp.ones((b, 1, 1), bool))
         cache = cache.write(out.k_new, out.v_new, (~done).astype(jnp.int32))
         rng, key = jax.random.split(rng)
         nxt = sample_tokens(key, lm_head(params, out.hidden[:, 0]), sampling)
@@ -70,5 +69,5 @@ def generate_ar(
 
 
 generate_ar_jit = jax.jit(
-    generate_ar, static_argnames=("cfg", "max_new_tokens", "cache_len", "sampling", "stop_ids", "attn_impl")
+    generate_ar, static_argnames=("cfg", "max_new_tokens", "cache_len", "sampling", "stop_ids")
 )

@@ -33,13 +33,13 @@ def check_prompt_fits(prompt_len: int, cache_len: int) -> None:
         )
 
 
-def prefill(params, cfg: ModelConfig, prompt_tokens, prompt_lengths, cache: KVCache, capture=(), attn_impl="auto"):
+def prefill(params, cfg: ModelConfig, prompt_tokens, prompt_lengths, cache: KVCache, capture=()):
     """Run the prompt (B, P) through the target into an empty cache.
     Returns (ForwardOutput, cache with the prompt written)."""
     b, p = prompt_tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     valid = positions < prompt_lengths[:, None]
-    out = forward(params, cfg, prompt_tokens, positions, None, causal_mask(valid), capture=capture, attn_impl=attn_impl)
+    out = forward(params, cfg, prompt_tokens, positions, None, causal_mask(valid), capture=capture)
     return out, cache.write(out.k_new, out.v_new, prompt_lengths)
 
 
@@ -49,4 +49,5 @@ def last_valid(x: jax.Array, lengths: jax.Array) -> jax.Array:
 
 
 def is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
+    """(...,) bool: which of tokens (...,) are stop tokens."""
     return jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros(tokens.shape, bool)

@@ -1,34 +1,37 @@
 """Speculative generate: EAGLE draft tree + one target verification per round, in one compiled loop.
 
-Per round (batch B, K = top_k, D = depth, T = num_nodes, L = lookup):
-  1. draft: grow the dynamic tree from the root (the last emitted token) with the draft head, and
-     with L > 0 add a chain of L tokens looked up in the context (`eagle_jax.decoding.lookup`), or where
-     nothing was found, L more drafted nodes;
-  2. verify: one target forward over the T + L tree tokens (prefix by length + ancestor mask);
-  3. accept: greedy or lossless sampling; the bonus token is the target's own;
-  4. commit: append the accepted path's KV to the target cache, run the draft over the accepted
-     positions with the true target features (extending the draft's context cache), emit tokens.
-The caches hold max_path slack slots beyond `cache_len`, so a full round never writes out of bounds.
+A round (batch B, T = tree.size verified tokens, P = tree.max_path) runs four phases over the
+loop state `SpecState`:
+  1. `draft_phase`: grow the dynamic tree from the root (the last emitted token) with the draft
+     head, and with tree.lookup add a chain looked up in the context (`eagle_jax.decoding.lookup`);
+  2. `verify_phase`: one target forward over the T tree tokens (prefix by length + ancestor mask);
+  3. `accept_phase`: greedy or lossless sampling; the bonus token is the target's own;
+  4. `commit_phase`: append the accepted path's KV to the target cache, run the draft over the
+     accepted positions with the true target features (extending its context cache), emit tokens.
+The caches hold P slack slots beyond `cache_len`, so a full round never writes out of bounds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from eagle_jax.decoding.accept import accept_greedy, accept_sampling
-from eagle_jax.model.config import ModelConfig
+from eagle_jax.decoding.accept import Acceptance, accept_greedy, accept_sampling
+from eagle_jax.decoding.lookup import lookup_proposals
+from eagle_jax.decoding.prompts import PAD, check_prompt_fits, is_stop, last_valid, prefill
+from eagle_jax.decoding.sampling import SamplingConfig, sample_tokens
+from eagle_jax.decoding.tree import Draw, DraftTree, TreeConfig, expand_tree
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import draft_forward, draft_layer, draft_readout, draft_to_target_ids, make_draft_cache, project_features
 from eagle_jax.errors import EagleError
-from eagle_jax.decoding.prompts import PAD, check_prompt_fits, is_stop, last_valid, prefill
+from eagle_jax.model.config import ModelConfig
 from eagle_jax.model.kv_cache import KVCache
-from eagle_jax.decoding.lookup import lookup_proposals
-from eagle_jax.model.transformer import causal_mask, for_blocks, forward, lm_head, make_cache
-from eagle_jax.decoding.sampling import SamplingConfig, sample_tokens
-from eagle_jax.decoding.tree import Draw, DraftTree, TreeConfig, expand_tree
+from eagle_jax.model.transformer import ForwardOutput, causal_mask, forward, lm_head, make_cache
 
 
 class SpecOutput(NamedTuple):
@@ -38,56 +41,182 @@ class SpecOutput(NamedTuple):
     accept_histogram: jax.Array  # (B, tree.max_path) rounds that accepted 0, 1, ... draft tokens
 
 
+@struct.dataclass
+class SpecModels:
+    """The target and the draft head as the phases take them: params pytrees (optionally laid out
+    by `eagle_jax.model.cpu_layout.backend_layout`) and their static configs."""
+
+    params: dict
+    dparams: dict
+    cfg: ModelConfig = struct.field(pytree_node=False)
+    dcfg: DraftConfig = struct.field(pytree_node=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """The static settings of a speculative generate."""
+
+    tree: TreeConfig
+    sampling: SamplingConfig
+    max_new_tokens: int
+    cache_len: int
+    stop_ids: tuple[int, ...] = ()
+
+
 class DraftState(NamedTuple):
     cache: KVCache  # the draft's context cache: one entry per target position, true features
     log_probs: jax.Array  # (B, Vd) draft log-probs of the root's children
     hidden: jax.Array  # (B, d) draft hidden that produced them
 
 
+@struct.dataclass
+class SpecState:
+    """The loop's carry (B rows, N = max_new_tokens, P = tree.max_path)."""
+
+    cache: KVCache  # the target's: the prompt and every committed token, lengths (B,)
+    draft: DraftState
+    root: jax.Array  # (B,) int32 the last emitted token: the next tree's root
+    tokens: jax.Array  # (B, N + P) int32 emitted tokens, PAD past count
+    count: jax.Array  # (B,) int32 tokens emitted so far
+    done: jax.Array  # (B,) bool
+    rng: jax.Array  # key of the next round
+    rounds: jax.Array  # (B,) int32 rounds each row took part in
+    histogram: jax.Array  # (B, P) int32 rounds by the number of draft tokens they accepted
+    history: jax.Array | None  # (B, cache_len + 2P + 1) int32 every token by position, the root last (for the lookup chain); None without one
+
+
+class Verified(NamedTuple):
+    target: ForwardOutput  # the target over the T tree tokens: hidden, captured features, new KV
+    logits: jax.Array  # (B, T, V) float32
+
+
 def check_draft(cfg: ModelConfig, dcfg: DraftConfig, tree: TreeConfig, sampling: SamplingConfig = SamplingConfig()) -> None:
     dcfg.check_target(cfg)
     if tree.top_k > dcfg.draft_vocab_size:
         raise EagleError(f"top_k={tree.top_k} is larger than the draft vocabulary ({dcfg.draft_vocab_size})")
-    if tree.scoring == "sampled" and sampling.greedy:
-        raise EagleError("tree scoring 'sampled' draws the draft's tokens at random, which only sampling can accept: "
+    if tree.scorer.draws and sampling.greedy:
+        raise EagleError(f"tree scoring {tree.scoring!r} draws the draft's tokens at random, which only sampling can accept: "
                          "use temperature > 0, or scoring 'dynamic' or 'static' for greedy decoding")
 
 
-def run_draft_context(dparams, dcfg, params, draft_cache, features, tokens, positions, num_new, attn_impl, first=False) -> DraftState:
+def run_draft_context(models: SpecModels, draft_cache: KVCache, features, tokens, positions, num_new, first: bool = False) -> DraftState:
     """Draft over new context positions: features (B, N, d) at positions (B, N), paired with the
     next tokens (B, N); the first num_new (B,) are real; `first`: the cache is still empty.
     Returns the state for the next tree."""
+    dcfg = models.dcfg
     b, n = tokens.shape
     mask = causal_mask(jnp.arange(n)[None, :] < num_new[:, None])
     prefix = KVCache.empty_prefix(1, b, dcfg.num_kv_heads, dcfg.head_dim, features.dtype) if first else draft_cache
-    h, k, v = draft_layer(dparams, dcfg, params, features, tokens, positions, prefix, mask, attn_impl=attn_impl)
-    logits, hidden = draft_readout(dparams, dcfg, params, last_valid(h, jnp.maximum(num_new, 1)))  # the last position only
+    h, k, v = draft_layer(models.dparams, dcfg, models.params, features, tokens, positions, prefix, mask)
+    logits, hidden = draft_readout(models.dparams, dcfg, models.params, last_valid(h, jnp.maximum(num_new, 1)))  # the last position only
     return DraftState(draft_cache.write(k[None], v[None], num_new), jax.nn.log_softmax(logits, axis=-1), hidden)
 
 
-def draft_tree(dparams, dcfg: DraftConfig, params, state: DraftState, root: jax.Array, tree: TreeConfig, attn_impl, history=None,
-               draw: Draw | None = None) -> DraftTree:
-    """Grow the tree for root tokens (B,) from the draft state; with tree.lookup, add the chain
-    looked up in `history` (B, S), every token by position with the root last (`lookup_proposals`);
-    draw: the randomness of a sampled tree (scoring "sampled")."""
-    b, k = root.shape[0], tree.top_k
-    cache = state.cache
+def draft_phase(models: SpecModels, state: SpecState, tree: TreeConfig, draw: Draw | None = None) -> DraftTree:
+    """Grow the tree for the roots from the draft state; with tree.lookup, add the chain looked up
+    in state.history (`lookup_proposals`); draw: the randomness of a tree whose children are drawn."""
+    dcfg, draft = models.dcfg, state.draft
+    b, k = state.root.shape[0], tree.top_k
+    cache = draft.cache
     no_levels = jnp.zeros((b, 0, dcfg.num_kv_heads, dcfg.head_dim), cache.k[0].dtype)
 
     def run_level(level_kv, hidden, tokens, level, ancestors):
         positions = jnp.broadcast_to(cache.lengths[:, None] + level, (b, k))
         mask = jnp.concatenate([ancestors, jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k))], axis=-1)
-        out = draft_forward(dparams, dcfg, params, hidden, tokens, positions, cache, mask, extra_kv=level_kv, attn_impl=attn_impl)
+        out = draft_forward(models.dparams, dcfg, models.params, hidden, tokens, positions, cache, mask, extra_kv=level_kv)
         level_kv = tuple(jnp.concatenate([buf, new[0]], axis=1) for buf, new in zip(level_kv, (out.k_new, out.v_new)))
         return level_kv, jax.nn.log_softmax(out.logits, axis=-1), out.hidden
 
-    to_target = lambda ids: draft_to_target_ids(dparams, dcfg, ids)  # noqa: E731
-    # the draft's context cache holds one entry per target position: the root is at its length
+    to_target = functools.partial(draft_to_target_ids, models.dparams, dcfg)
     looked_up = None
-    if tree.lookup:
-        proposals, match_length = lookup_proposals(history, cache.lengths + 1, tree.lookup)
+    if tree.lookup:  # the draft's context cache holds one entry per target position: the root is at its length
+        proposals, match_length = lookup_proposals(state.history, cache.lengths + 1, tree.lookup)
         looked_up = proposals, match_length > 0
-    return expand_tree(tree, root, state.log_probs, state.hidden, run_level, (no_levels, no_levels), to_target, looked_up, draw)
+    return expand_tree(tree, state.root, draft.log_probs, draft.hidden, run_level, (no_levels, no_levels), to_target, looked_up, draw)
+
+
+def verify_phase(models: SpecModels, nodes: DraftTree, cache: KVCache) -> Verified:
+    """The target over the tree's tokens at their depths past each row's length, each seeing the
+    cached prefix and its ancestors; with the features the draft fuses."""
+    out = forward(models.params, models.cfg, nodes.tokens, cache.lengths[:, None] + nodes.depths, cache, nodes.ancestor_mask,
+                  capture=models.dcfg.feature_layers)
+    return Verified(out, lm_head(models.params, out.hidden))
+
+
+def accept_phase(key: jax.Array, nodes: DraftTree, logits: jax.Array, spec: SpecConfig) -> Acceptance:
+    if spec.sampling.greedy:
+        return accept_greedy(nodes, logits)
+    return accept_sampling(key, nodes, logits, spec.sampling, spec.tree)
+
+
+def commit_phase(models: SpecModels, state: SpecState, nodes: DraftTree, verified: Verified, acc: Acceptance, spec: SpecConfig) -> SpecState:
+    """Emit the accepted tokens and the bonus (cut at a stop token, max_new_tokens and the cache),
+    append their KV to the target cache and run the draft over them."""
+    cache, active, p = state.cache, ~state.done, spec.tree.max_path
+    path = jnp.maximum(jnp.take_along_axis(nodes.paths, acc.node[:, None, None], axis=1)[:, 0], 0)  # (B, P) root first
+    idx = jnp.arange(p)[None, :]
+    emitted = jnp.where(idx < acc.num_accepted[:, None], jnp.roll(jnp.take_along_axis(nodes.tokens, path, axis=1), -1, axis=1), 0)
+    emitted = jnp.where(idx == acc.num_accepted[:, None], acc.bonus[:, None], emitted)  # (B, P) the accepted tokens, then the bonus
+    stops = is_stop(emitted, spec.stop_ids) & (idx <= acc.num_accepted[:, None])
+    n_emit = jnp.minimum(jnp.where(jnp.any(stops, 1), jnp.argmax(stops, 1) + 1, p), acc.num_accepted + 1)
+    n_emit = jnp.minimum(n_emit, spec.max_new_tokens - state.count)
+    n_emit = jnp.where(active, jnp.minimum(n_emit, spec.cache_len - cache.lengths), 0)
+    window = jnp.where(idx < n_emit[:, None], emitted, PAD)
+    write = jax.vmap(lambda row, w, start: jax.lax.dynamic_update_slice(row, w, (start,)))
+    new_cache = cache.commit_path(verified.target.k_new, verified.target.v_new, path, n_emit)
+    take = jax.vmap(lambda x, i: x[:, i], in_axes=(1, 0), out_axes=1)
+    target = verified.target
+    features = target._replace(hidden=take(target.hidden[None], path)[0], captured=take(target.captured, path))
+    draft = run_draft_context(models, state.draft.cache, project_features(models.dparams, models.dcfg, features), emitted,
+                              cache.lengths[:, None] + idx, n_emit)
+    count = state.count + n_emit
+    last = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
+    stopped = jnp.any(stops & (idx < n_emit[:, None]), 1)
+    return state.replace(
+        cache=new_cache, draft=draft, root=jnp.where(active, last, state.root), tokens=write(state.tokens, window, state.count),
+        count=count, done=state.done | stopped | (count >= spec.max_new_tokens) | (new_cache.lengths >= spec.cache_len),
+        rounds=state.rounds + active, histogram=state.histogram + (active[:, None] & (idx == acc.num_accepted[:, None])),
+        # emitted tokens follow the root; past n_emit they stay unknown (beyond the new root)
+        history=None if state.history is None else write(state.history, window, cache.lengths + 1),
+    )
+
+
+def speculative_round(models: SpecModels, spec: SpecConfig, state: SpecState) -> SpecState:
+    """One round: draft, verify, accept, commit."""
+    rng, key = jax.random.split(state.rng)
+    draw = None
+    if spec.tree.scorer.draws:
+        key, draw_key = jax.random.split(key)
+        draw = Draw(draw_key, spec.sampling.temperature)
+    nodes = draft_phase(models, state, spec.tree, draw)
+    verified = verify_phase(models, nodes, state.cache)
+    acc = accept_phase(key, nodes, verified.logits, spec)
+    return commit_phase(models, state.replace(rng=rng), nodes, verified, acc, spec)
+
+
+def start(models: SpecModels, spec: SpecConfig, prompt_tokens: jax.Array, prompt_lengths: jax.Array, rng: jax.Array) -> SpecState:
+    """Prefill the target and the draft with the prompts (B, P); the first token is the target's alone."""
+    b, p = prompt_tokens.shape
+    path_len = spec.tree.max_path
+    slack = spec.cache_len + path_len
+    dtype = models.params["embed"].dtype
+    out, cache = prefill(models.params, models.cfg, prompt_tokens, prompt_lengths, make_cache(models.cfg, b, slack, dtype), models.dcfg.feature_layers)
+    rng, key = jax.random.split(rng)
+    root = sample_tokens(key, lm_head(models.params, last_valid(out.hidden, prompt_lengths)), spec.sampling)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    next_tokens = jnp.concatenate([prompt_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
+    next_tokens = jnp.where(positions == prompt_lengths[:, None] - 1, root[:, None], next_tokens)
+    draft = run_draft_context(models, make_draft_cache(models.dcfg, b, slack, dtype), project_features(models.dparams, models.dcfg, out),
+                              next_tokens, positions, prompt_lengths, first=True)
+    history = None
+    if spec.tree.lookup:  # prompt, then generated tokens, the root last; room for a round past the cache
+        history = jnp.zeros((b, slack + path_len + 1), jnp.int32).at[:, :p].set(prompt_tokens)
+        history = history.at[jnp.arange(b), prompt_lengths].set(root)
+    return SpecState(
+        cache=cache, draft=draft, root=root, tokens=jnp.full((b, spec.max_new_tokens + path_len), PAD, jnp.int32).at[:, 0].set(root),
+        count=jnp.ones((b,), jnp.int32), done=is_stop(root, spec.stop_ids) | (spec.max_new_tokens == 1) | (cache.lengths >= spec.cache_len),
+        rng=rng, rounds=jnp.zeros((b,), jnp.int32), histogram=jnp.zeros((b, path_len), jnp.int32), history=history,
+    )
 
 
 def generate_spec(
@@ -104,97 +233,18 @@ def generate_spec(
     tree: TreeConfig = TreeConfig(),
     sampling: SamplingConfig = SamplingConfig(),
     stop_ids: tuple[int, ...] = (),
-    attn_impl: str = "auto",
 ) -> SpecOutput:
     """Speculative decoding with an EAGLE head; output equal (greedy) or equal in law (sampling) to
     `generate_ar` with the same arguments. Pure and traceable: jit it with the keyword arguments,
     cfg and dcfg static (see `generate_spec_jit`), or call it inside your own jitted function.
-    On CPU, params from `eagle_jax.model.transformer.with_block_copies` verify faster."""
+    Params laid out by `eagle_jax.backend_layout` run faster on CPU."""
     check_draft(cfg, dcfg, tree, sampling)
-    b, p = prompt_tokens.shape
-    check_prompt_fits(p, cache_len)
-    path_len = tree.max_path
-    slack = cache_len + path_len
-    dtype = params["embed"].dtype
-    capture = dcfg.feature_layers
-
-    # Prefill target and draft; the first token comes from the target alone.
-    out, cache = prefill(params, cfg, prompt_tokens, prompt_lengths, make_cache(cfg, b, slack, dtype), capture, attn_impl)
-    rng, key = jax.random.split(rng)
-    root = sample_tokens(key, lm_head(params, last_valid(out.hidden, prompt_lengths)), sampling)
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    next_tokens = jnp.concatenate([prompt_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
-    next_tokens = jnp.where(positions == prompt_lengths[:, None] - 1, root[:, None], next_tokens)
-    draft = run_draft_context(
-        dparams, dcfg, params, make_draft_cache(dcfg, b, slack, dtype), project_features(dparams, dcfg, out),
-        next_tokens, positions, prompt_lengths, attn_impl, first=True,
-    )
-    tokens = jnp.full((b, max_new_tokens + path_len), PAD, jnp.int32).at[:, 0].set(root)
-    done = is_stop(root, stop_ids) | (max_new_tokens == 1) | (cache.lengths >= cache_len)
-    state = dict(
-        cache=cache, draft=draft, root=root, tokens=tokens, count=jnp.ones((b,), jnp.int32), done=done, rng=rng,
-        rounds=jnp.zeros((b,), jnp.int32), histogram=jnp.zeros((b, path_len), jnp.int32),
-    )
-    if tree.lookup:  # every token by position (prompt, then generated; the root last), room for a round past the cache
-        history = jnp.zeros((b, slack + path_len + 1), jnp.int32).at[:, :p].set(prompt_tokens)
-        state["history"] = history.at[jnp.arange(b), prompt_lengths].set(root)
-
-    block_params = for_blocks(params)  # the layers' (in, out) copies, where params has them
-
-    def round_(s):
-        cache, draft, active = s["cache"], s["draft"], ~s["done"]
-        rng, key = jax.random.split(s["rng"])
-        draw = None
-        if tree.scoring == "sampled":
-            key, draw_key = jax.random.split(key)
-            draw = Draw(draw_key, sampling.temperature)
-        t = draft_tree(dparams, dcfg, params, draft, s["root"], tree, attn_impl, s.get("history"), draw)
-        verify = forward(
-            block_params, cfg, t.tokens, cache.lengths[:, None] + t.depths, cache, t.ancestor_mask, capture=capture, attn_impl=attn_impl
-        )
-        logits = lm_head(params, verify.hidden)  # (B, T, V)
-        acc = accept_greedy(t, logits) if sampling.greedy else accept_sampling(key, t, logits, sampling, tree)
-        path = jnp.take_along_axis(t.paths, acc.node[:, None, None], axis=1)[:, 0]  # (B, max_path) root first
-        gather = jnp.maximum(path, 0)
-        path_tokens = jnp.take_along_axis(t.tokens, gather, axis=1)
-        # emitted this round: the accepted draft tokens then the bonus  (B, max_path)
-        idx = jnp.arange(path_len)[None, :]
-        emitted = jnp.where(idx < acc.num_accepted[:, None], jnp.roll(path_tokens, -1, axis=1), 0)
-        emitted = jnp.where(idx == acc.num_accepted[:, None], acc.bonus[:, None], emitted)
-        n_emit = acc.num_accepted + 1
-        stops = is_stop(emitted, stop_ids) & (idx < n_emit[:, None])
-        first_stop = jnp.where(jnp.any(stops, 1), jnp.argmax(stops, 1) + 1, path_len)
-        n_emit = jnp.minimum(jnp.minimum(n_emit, first_stop), max_new_tokens - s["count"])
-        n_emit = jnp.where(active, jnp.minimum(n_emit, cache_len - cache.lengths), 0)
-        window = jnp.where(idx < n_emit[:, None], emitted, PAD)
-        write = jax.vmap(lambda row, w, start: jax.lax.dynamic_update_slice(row, w, (start,)))
-        tokens = write(s["tokens"], window, s["count"])
-        # commit: target KV of the root + accepted nodes; draft over the same positions
-        new_cache = cache.commit_path(verify.k_new, verify.v_new, gather, n_emit)
-        take = jax.vmap(lambda x, i: x[:, i], in_axes=(1, 0), out_axes=1)
-        features = verify._replace(hidden=take(verify.hidden[None], gather)[0], captured=take(verify.captured, gather))
-        draft = run_draft_context(
-            dparams, dcfg, params, draft.cache, project_features(dparams, dcfg, features), emitted,
-            cache.lengths[:, None] + idx, n_emit, attn_impl,
-        )
-        count = s["count"] + n_emit
-        last = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
-        done = s["done"] | jnp.any(stops & (idx < n_emit[:, None]), 1) | (count >= max_new_tokens)
-        done = done | (new_cache.lengths >= cache_len)
-        histogram = s["histogram"] + (active[:, None] & (idx == acc.num_accepted[:, None]))
-        new = dict(
-            cache=new_cache, draft=draft, root=jnp.where(active, last, s["root"]), tokens=tokens, count=count,
-            done=done, rng=rng, rounds=s["rounds"] + active, histogram=histogram,
-        )
-        if tree.lookup:  # emitted tokens follow the root; past n_emit they stay unknown (beyond the new root)
-            new["history"] = write(s["history"], window, cache.lengths + 1)
-        return new
-
-    s = jax.lax.while_loop(lambda s: ~jnp.all(s["done"]), round_, state)
-    return SpecOutput(s["tokens"][:, :max_new_tokens], s["count"], s["rounds"], s["histogram"])
+    check_prompt_fits(prompt_tokens.shape[1], cache_len)
+    models = SpecModels(params, dparams, cfg, dcfg)
+    spec = SpecConfig(tree, sampling, max_new_tokens, cache_len, stop_ids)
+    state = start(models, spec, prompt_tokens, prompt_lengths, rng)
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), functools.partial(speculative_round, models, spec), state)
+    return SpecOutput(state.tokens[:, :max_new_tokens], state.count, state.rounds, state.histogram)
 
 
-generate_spec_jit = jax.jit(
-    generate_spec,
-    static_argnames=("cfg", "dcfg", "max_new_tokens", "cache_len", "tree", "sampling", "stop_ids", "attn_impl"),
-)
+generate_spec_jit = jax.jit(generate_spec, static_argnames=("cfg", "dcfg", "max_new_tokens", "cache_len", "tree", "sampling", "stop_ids"))

@@ -28,8 +28,56 @@ import jax.numpy as jnp
 
 from eagle_jax.errors import EagleError
 
-SCORINGS = ("dynamic", "static", "sampled")
 UNFOUND = -1e30  # the pool score of a chain that was not looked up: below every drafted entry
+
+
+def rank_scores(shape: tuple[int, ...], k: int) -> jax.Array:
+    """Static-tree scores: log(1 / (rank + 1)) for the ranks 0..k-1 of the last axis."""
+    return jnp.broadcast_to(-jnp.log1p(jnp.arange(k, dtype=jnp.float32)), shape)
+
+
+class Scoring:
+    """How a tree picks and scores each expanded node's top_k children; `TreeConfig.scorer` is
+    one of SCORINGS. `draws`: the children are drawn at random, so the tree keeps the distributions
+    they were drawn from (`SampledNodes`), and only sampling can accept them."""
+
+    draws = False
+
+    def children(self, log_probs: jax.Array, k: int, key: jax.Array | None, temperature: float):
+        """(scores, draft ids, the log-probs they were drawn from or None), each (..., k), of the
+        children of nodes with draft log-probs (..., Vd)."""
+        raise NotImplementedError
+
+
+class DynamicScoring(Scoring):
+    """EAGLE-2: the top_k by draft log-prob, the pool ranked by cumulative log-prob."""
+
+    def children(self, log_probs, k, key, temperature):
+        scores, ids = jax.lax.top_k(log_probs, k)
+        return scores, ids, None
+
+
+class StaticScoring(Scoring):
+    """The top_k, scored by rank alone: the tree has the same shape every round."""
+
+    def children(self, log_probs, k, key, temperature):
+        _, ids = jax.lax.top_k(log_probs, k)
+        return rank_scores(ids.shape, k), ids, None
+
+
+class SampledScoring(Scoring):
+    """A static tree's shape, the children drawn from the draft at `temperature` without
+    replacement (Gumbel top-k), in draw order."""
+
+    draws = True
+
+    def children(self, log_probs, k, key, temperature):
+        drawn_from = jax.nn.log_softmax(log_probs / temperature, axis=-1)
+        _, ids = jax.lax.top_k(drawn_from + jax.random.gumbel(key, drawn_from.shape), k)
+        return rank_scores(ids.shape, k), ids, drawn_from
+
+
+SCORINGS = {"dynamic": DynamicScoring(), "static": StaticScoring(), "sampled": SampledScoring()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +105,10 @@ class TreeConfig:
             )
         if self.scoring not in SCORINGS:
             raise EagleError(f"unknown tree scoring {self.scoring!r}; expected one of {', '.join(SCORINGS)}")
+
+    @property
+    def scorer(self) -> Scoring:
+        return SCORINGS[self.scoring]
 
     @classmethod
     def chain(cls, length: int) -> "TreeConfig":
@@ -100,16 +152,21 @@ class TreeConfig:
         return self.top_k + (self.lookup > 0)
 
 
+class SampledNodes(NamedTuple):
+    """What a tree whose children were drawn (`Scoring.draws`) keeps for lossless acceptance."""
+
+    draw_probs: jax.Array  # (B, T, Vd) float32 the draft distribution each node's drafted children were drawn from
+    draw_vocab: jax.Array  # (B, Vd) int32 the target id of each draft-vocabulary entry
+    looked_up: jax.Array  # (B, T) bool the node comes from the lookup chain (proposed, not drawn)
+
+
 class DraftTree(NamedTuple):
     tokens: jax.Array  # (B, T) int32 target ids; node 0 is the root
     parents: jax.Array  # (B, T) int32 node index of the parent (root: 0)
     ancestor_mask: jax.Array  # (B, T, T) bool, [r, j] = j is r or an ancestor of r
     depths: jax.Array  # (B, T) int32, root 0
     paths: jax.Array  # (B, T, max_path) int32 node indices root -> node, -1 past the node's depth
-    # scoring "sampled" only, else None:
-    draw_probs: jax.Array | None = None  # (B, T, Vd) float32 the draft distribution each node's drafted children were drawn from
-    draw_vocab: jax.Array | None = None  # (B, Vd) int32 the target id of each draft-vocabulary entry
-    looked_up: jax.Array | None = None  # (B, T) bool the node comes from the lookup chain (proposed, not drawn)
+    sampled: SampledNodes | None = None  # a tree whose children were drawn; None otherwise
 
 
 class Draw(NamedTuple):
@@ -126,11 +183,6 @@ class Draw(NamedTuple):
 DraftLevelFn = Callable[..., tuple[Any, jax.Array, jax.Array]]
 
 
-def rank_scores(shape: tuple[int, ...], k: int) -> jax.Array:
-    """Static-tree scores: log(1 / (rank + 1)) for the ranks 0..k-1 of the last axis."""
-    return jnp.broadcast_to(-jnp.log1p(jnp.arange(k, dtype=jnp.float32)), shape)
-
-
 def expand_tree(
     tree: TreeConfig,
     root_tokens: jax.Array,  # (B,) int32 target ids
@@ -144,9 +196,9 @@ def expand_tree(
 ) -> DraftTree:
     """Grow the draft tree level by level and rerank the pool to the node budget. looked_up, with
     tree.lookup: the chain (B, L) int32 and (B,) bool whether it was found (`lookup_proposals`);
-    draw: the randomness of a sampled tree (required for scoring "sampled", else unused)."""
-    if (tree.scoring == "sampled") != (draw is not None):
-        raise EagleError(f"a Draw is needed by, and only by, scoring 'sampled' (tree scoring {tree.scoring!r})")
+    draw: the randomness of a tree whose children are drawn (`Scoring.draws`), else None."""
+    if tree.scorer.draws != (draw is not None):
+        raise EagleError(f"a Draw is needed by, and only by, a scoring that draws (tree scoring {tree.scoring!r})")
     grow = lambda passes: grow_pool(tree, passes, root_tokens, root_log_probs, root_hidden, run_level, carry, to_target_ids, draw)  # noqa: E731
     if not tree.lookup:
         return select_nodes(tree, root_tokens, grow(tree.effective_depth), to_target_ids)
@@ -170,19 +222,6 @@ class Pool(NamedTuple):
     draws: jax.Array | None = None
 
 
-def draw_children(tree: TreeConfig, log_probs: jax.Array, key: jax.Array | None, temperature: float):
-    """(scores, draft ids, the log-probs they were drawn from or None), each (..., K), of the top_k
-    children of nodes with draft log-probs (..., Vd): their top_k, or for a sampled tree top_k draws
-    without replacement at `temperature`, in draw order."""
-    k = tree.top_k
-    if tree.scoring != "sampled":
-        scores, ids = jax.lax.top_k(log_probs, k)
-        return (rank_scores(scores.shape, k) if tree.scoring == "static" else scores), ids, None
-    drawn_from = jax.nn.log_softmax(log_probs / temperature, axis=-1)
-    _, ids = jax.lax.top_k(drawn_from + jax.random.gumbel(key, drawn_from.shape), k)
-    return rank_scores(ids.shape, k), ids, drawn_from
-
-
 def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_hidden, run_level: DraftLevelFn, carry, to_target_ids,
               draw: Draw | None = None) -> Pool:
     """The candidate pool of `passes` expansion passes (arguments as in `expand_tree`), of
@@ -191,7 +230,7 @@ def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_h
     b = root_tokens.shape[0]
     keys = jax.random.split(draw.key, passes + 1) if draw else [None] * (passes + 1)
     temperature = draw.temperature if draw else 1.0
-    scores, draft_ids, drawn_from = draw_children(tree, root_log_probs, keys[0], temperature)  # (B, K)
+    scores, draft_ids, drawn_from = tree.scorer.children(root_log_probs, k, keys[0], temperature)  # (B, K)
     pool_scores, pool_tokens, pool_parents = [scores], [to_target_ids(draft_ids)], [jnp.full((b, k), -1, jnp.int32)]
     draws = None
     if draw:  # slot 0: the root; slot 1 + i: pool entry i
@@ -203,7 +242,7 @@ def grow_pool(tree: TreeConfig, passes: int, root_tokens, root_log_probs, root_h
     take = jax.vmap(lambda x, i: x[i])
     for level in range(passes):
         carry, log_probs, hidden = run_level(carry, run_hidden, run_tokens, level, run_ancestors)
-        child_scores, child_ids, drawn_from = draw_children(tree, log_probs, keys[level + 1], temperature)  # (B, K, K)
+        child_scores, child_ids, drawn_from = tree.scorer.children(log_probs, k, keys[level + 1], temperature)  # (B, K, K)
         if draw:
             draws = jax.vmap(lambda d, i, q: d.at[1 + i].set(q))(draws, run_pool_index, drawn_from)
         cumulative = (child_scores + scores[:, :, None]).reshape(b, k * k)
@@ -265,7 +304,7 @@ def select_nodes(tree: TreeConfig, root_tokens, pool: Pool, to_target_ids=None) 
     rows = jnp.concatenate([jnp.zeros_like(chosen[:, :1]), chosen + 1], axis=1)  # each node's slot in pool.draws
     looked_up = jnp.concatenate([jnp.zeros_like(chosen[:, :1], bool), chosen >= pool.scores.shape[1] - tree.lookup], axis=1)
     vocab = jnp.broadcast_to(to_target_ids(jnp.arange(pool.draws.shape[-1])), (tokens.shape[0], pool.draws.shape[-1]))
-    return DraftTree(*tree_arrays, jnp.exp(take(pool.draws, rows)), vocab, looked_up)
+    return DraftTree(*tree_arrays, SampledNodes(jnp.exp(take(pool.draws, rows)), vocab, looked_up))
 
 
 def node_paths(ancestors: jax.Array, depths: jax.Array, max_path: int) -> jax.Array:

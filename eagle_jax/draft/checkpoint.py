@@ -32,9 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-import uuid
 
 import jax.numpy as jnp
 import numpy as np
@@ -43,7 +40,8 @@ from safetensors.numpy import save_file
 from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
-from eagle_jax.loading.hf import read_json, read_safetensors, rope_from_hf
+from eagle_jax.files import read_json, write_directory_atomic, write_json_atomic
+from eagle_jax.loading.hf import read_safetensors, rope_from_hf
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -158,7 +156,7 @@ def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype=jnp.float
     """
     if not os.path.isdir(path):
         raise EagleError(f"{path}: not a directory (a draft head is a directory with config.json and weights)")
-    config = read_json(os.path.join(path, "config.json"))
+    config = read_json(os.path.join(path, "config.json"), what="a draft head's config")
     tensors = canonical_weight_names(read_weights(path), path)
     if "speculators_model_type" in config:
         dcfg, qk_norm = _speculators_config(config, tensors, target_cfg, path)
@@ -542,7 +540,12 @@ def export_draft(directory: str, dcfg: DraftConfig, dparams: dict) -> None:
     if dcfg.kind == "eagle3":
         tensors["t2d"] = t2d_mask(tensors["d2t"], dcfg.target_vocab_size)
     config = _export_config(dcfg, str(np.asarray(dparams["fc"]).dtype))
-    _write_directory_atomically(directory, tensors, config)
+
+    def fill(staging: str) -> None:
+        save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        write_json_atomic(os.path.join(staging, "config.json"), config)
+
+    write_directory_atomic(directory, fill)
 
 
 def _export_array(dparams: dict, name: str) -> np.ndarray:
@@ -611,46 +614,3 @@ def _export_config(dcfg: DraftConfig, dtype_name: str) -> dict:
     if min(dcfg.feature_layers) > 0:  # SGLang reads layer-output ids (HF index - 1); the embeddings have none
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in dcfg.feature_layers], "use_aux_hidden_state": True}
     return config
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_directory_atomically(directory: str, tensors: dict[str, np.ndarray], config: dict) -> None:
-    """Write into a hidden sibling, fsync it, then rename it over `directory` (an old one is moved
-    aside first, since rename cannot replace a non-empty directory, and removed once the new is in)."""
-    directory = os.path.abspath(directory)
-    parent, name = os.path.split(directory)
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise EagleError(f"{directory} exists and is not a directory")
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
-    try:
-        save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(staging, "config.json"), "w") as f:
-            json.dump(config, f, indent=2)
-            f.write("\n")
-        for file in os.listdir(staging):
-            _fsync(os.path.join(staging, file))
-        _fsync(staging)
-        old = None
-        if os.path.exists(directory):
-            old = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex}")
-            os.rename(directory, old)
-        try:
-            os.rename(staging, directory)
-        except BaseException:
-            if old is not None:
-                os.rename(old, directory)
-            raise
-        _fsync(parent)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

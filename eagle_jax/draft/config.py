@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from eagle_jax.model.config import ModelConfig, RopeConfig
+from eagle_jax.model.config import ModelConfig, RopeConfig, check_attention
 from eagle_jax.errors import EagleError
 
 KINDS = ("eagle1", "eagle3")
@@ -39,8 +39,10 @@ class DraftConfig:
     norm_before_fc: bool = False  # speculators: one RMSNorm over the whole fused concat
     norm_output: bool = False  # EAGLE-3.1: feed back the post-norm hidden
     norm_before_residual: bool = False  # speculators: the residual is the normed hidden
+    attention: str = "auto"  # how its attention runs, as `ModelConfig.attention`; not saved with the head
 
     def __post_init__(self):
+        check_attention(self.attention)
         if self.kind not in KINDS:
             raise EagleError(f"unknown draft kind {self.kind!r}; expected one of {', '.join(KINDS)}")
         if self.fc_norm and self.norm_before_fc:

@@ -63,17 +63,15 @@ def draft_forward(
     cache: KVCache,  # the draft's own context cache (1 layer)
     block_mask: jax.Array,  # (B, T, E + T) bool over extra_kv then the T new keys
     extra_kv: tuple[jax.Array, jax.Array] | None = None,  # (B, E, KV, Dh) earlier tree levels
-    *,
-    attn_impl: str = "auto",
 ) -> DraftOutput:
     """One pass of the draft decoder layer over T tokens (context positions or tree nodes), read out
     at every one of them."""
-    h, k, v = draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, block_mask, extra_kv, attn_impl=attn_impl)
+    h, k, v = draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, block_mask, extra_kv)
     logits, next_hidden = draft_readout(dparams, dcfg, target_params, h)
     return DraftOutput(logits, next_hidden, k[None], v[None])
 
 
-def draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, block_mask, extra_kv=None, *, attn_impl="auto"):
+def draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, block_mask, extra_kv=None):
     """The decoder layer of `draft_forward` alone: (h (B, T, d), k_new, v_new (B, T, KV, Dh))."""
     p = dparams["layer"]
     eps = dcfg.rms_norm_eps
@@ -90,7 +88,7 @@ def draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, 
     a, k, v = self_attention(
         attn_in, p, positions, cache.k[0], cache.v[0], cache.lengths, block_mask,
         num_heads=dcfg.num_heads, num_kv_heads=dcfg.num_kv_heads, head_dim=dcfg.head_dim,
-        inv_freq=rope_inverse_frequencies(dcfg.rope, dcfg.head_dim), eps=eps, extra_kv=extra_kv, attn_impl=attn_impl,
+        inv_freq=rope_inverse_frequencies(dcfg.rope, dcfg.head_dim), eps=eps, extra_kv=extra_kv, attention=dcfg.attention,
     )
     h = residual + a
     return h + swiglu(rms_norm(h, p["mlp_norm"], eps), p), k, v

@@ -8,12 +8,10 @@ half-written entry is never read. Set EAGLE_JAX_CACHE=off to disable.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
-import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
@@ -21,6 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.disk_cache import cache_root
+from eagle_jax.files import read_json, write_directory_atomic, write_json_atomic
 
 
 # Part of every entry's key: entries written for another params layout are never read.
@@ -44,8 +43,7 @@ def load_converted(path: str):
         return None
     from transformers import PreTrainedTokenizerFast
 
-    with open(os.path.join(entry, "config.json")) as f:
-        fields = json.load(f)
+    fields = read_json(os.path.join(entry, "config.json"), what="a converted model's config")
     fields["rope"] = RopeConfig(**fields["rope"])
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
     params = unflatten_dict(load_file(os.path.join(entry, "params.safetensors")), sep=".")
@@ -59,18 +57,13 @@ def store_converted(path: str, cfg: ModelConfig, params: dict, tokenizer) -> Non
     entry = entry_dir(path)
     if entry is None:
         return
-    try:
-        os.makedirs(os.path.dirname(entry), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(entry))
-    except OSError:
-        return
-    try:
-        with open(os.path.join(staging, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(cfg), f)
+
+    def fill(staging: str) -> None:
+        write_json_atomic(os.path.join(staging, "config.json"), dataclasses.asdict(cfg), indent=None)
         by_index = params | {"layers": {str(i): layer for i, layer in enumerate(params["layers"])}}
         flat = {k: np.asarray(v, np.float32) for k, v in flatten_dict(by_index, sep=".").items()}
         save_file(flat, os.path.join(staging, "params.safetensors"))
         tokenizer.save_pretrained(os.path.join(staging, "tokenizer"))
-        os.rename(staging, entry)
-    except OSError:  # includes losing a race to another process writing the same entry
-        shutil.rmtree(staging, ignore_errors=True)
+
+    with contextlib.suppress(OSError):  # includes losing a race to another process writing the same entry
+        write_directory_atomic(entry, fill, replace=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -10,6 +9,7 @@ from safetensors import safe_open
 
 from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
+from eagle_jax.files import read_json
 from eagle_jax.loading.params import assemble_params
 
 ARCHITECTURES = {
@@ -18,16 +18,6 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-
-
-def read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise EagleError(f"missing file {path}") from None
-    except json.JSONDecodeError as e:
-        raise EagleError(f"{path} is not valid JSON: {e}") from None
 
 
 def rope_from_hf(config: dict) -> RopeConfig:
@@ -81,7 +71,7 @@ def read_safetensors(directory: str) -> dict[str, np.ndarray]:
     """All tensors of a directory's *.safetensors files (sharded via model.safetensors.index.json)."""
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
-        files = sorted(set(read_json(index)["weight_map"].values()))
+        files = sorted(set(read_json(index, what="a safetensors index")["weight_map"].values()))
     else:
         files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
     if not files:
@@ -103,7 +93,7 @@ def read_safetensors(directory: str) -> dict[str, np.ndarray]:
 def load_hf_directory(directory: str, dtype) -> tuple[ModelConfig, dict]:
     """(config, params) of a Llama-family HF checkpoint directory, without torch."""
     source = directory
-    cfg = config_from_hf(read_json(os.path.join(directory, "config.json")), source)
+    cfg = config_from_hf(read_json(os.path.join(directory, "config.json"), what="a Hugging Face model config"), source)
     tensors = read_safetensors(directory)
     tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
 

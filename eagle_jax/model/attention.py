@@ -1,6 +1,7 @@
 """The one attention entry point: prefix-by-length plus a masked block of new keys.
 
-Every attention call of target and draft goes through `attend`, which picks the implementation:
+Every attention call of target and draft goes through `attend`, which runs the implementation
+that the model's config names (`ModelConfig.attention`, `DraftConfig.attention`):
   * "xla": the jnp reference (kernels_pallas/reference.py), the oracle and the CPU path;
   * "pallas": the Pallas tree-attention kernel for the current backend (GPU or TPU);
   * "pallas_interpret": the Pallas kernel in interpret mode (CPU testing);
@@ -11,16 +12,13 @@ from __future__ import annotations
 
 import jax
 
-from eagle_jax.errors import EagleError
 from eagle_jax.kernels_pallas.reference import tree_attention_reference
-
-ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_interpret")
+from eagle_jax.model.config import check_attention
 
 
 def resolve_impl(impl: str, platform: str | None = None) -> str:
     """Map "auto" to a concrete implementation for `platform` (default: jax's default backend)."""
-    if impl not in ATTENTION_IMPLS:
-        raise EagleError(f"unknown attention implementation {impl!r}; expected one of {', '.join(ATTENTION_IMPLS)}")
+    check_attention(impl)
     if impl != "auto":
         return impl
     platform = platform or jax.default_backend()

@@ -8,6 +8,12 @@ from eagle_jax.errors import EagleError
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
+ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_interpret")  # see eagle_jax.model.attention
+
+
+def check_attention(attention: str) -> None:
+    if attention not in ATTENTION_IMPLS:
+        raise EagleError(f"unknown attention implementation {attention!r}; expected one of {', '.join(ATTENTION_IMPLS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +37,8 @@ class ModelConfig:
     """A Llama-family decoder-only target.
 
     family: llama (Llama 2/3/3.1, SmolLM2), mistral, qwen2 (qkv bias), qwen3 (q/k RMSNorm).
+    attention: which implementation every attention call of the model runs (`eagle_jax.model.attention`);
+    a switch of how to run, not of what is computed: replace it with `dataclasses.replace`.
     """
 
     vocab_size: int
@@ -50,8 +58,10 @@ class ModelConfig:
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    attention: str = "auto"
 
     def __post_init__(self):
+        check_attention(self.attention)
         if self.family not in FAMILIES:
             raise EagleError(f"unsupported model family {self.family!r}; supported: {', '.join(FAMILIES)}")
         if self.num_heads % self.num_kv_heads:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,54 +47,19 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return rotated.astype(x.dtype)
 
 
-# At most this many rows (decode steps, verify blocks, draft tree levels) take `dense`'s CPU path.
-FEW_ROWS = 64
-# On that path more than PAD_ABOVE rows are padded to a multiple of ROW_BLOCK: XLA:CPU multiplies
-# 6-7 or 9-15 rows more slowly than 8 or 16, and padded, one target step over 6-12 new tokens is
-# 1.18-1.24x faster (`scripts/benchmarks/bench_step_vs_checkout.py --new-tokens ...`, results/row_padding).
-ROW_BLOCK, PAD_ABOVE = 8, 5
-_few_row_form = contextvars.ContextVar("few_row_form", default=True)
+class LaidOutWeight:
+    """A projection weight that a backend layout (`eagle_jax.model.cpu_layout`) stores in a form of
+    its own; `dense` hands the product to it."""
+
+    def multiply(self, x: jax.Array, out_dtype=None) -> jax.Array:
+        raise NotImplementedError
 
 
-@contextlib.contextmanager
-def many_rows():
-    """Within it, `dense` takes the plain contraction whatever row count it sees: for code under
-    jax.vmap, where each call sees a slice of the rows it will run (training's TTT steps)."""
-    token = _few_row_form.set(False)
-    try:
-        yield
-    finally:
-        _few_row_form.reset(token)
-
-
-class InOut(NamedTuple):
-    """A projection transposed to (in, out) (`eagle_jax.model.transformer.with_block_copies`), which `dense`
-    multiplies as it is."""
-
-    w: jax.Array  # (in, out)
-
-
-def dense(x: jax.Array, w: jax.Array | InOut, out_dtype=None) -> jax.Array:
-    """x (..., in) times a weight stored (out, in), as in PyTorch checkpoints, or an InOut: (..., out).
-
-    On CPU, for a few rows, the product is computed as w @ x^T and transposed back behind an
-    optimization barrier. XLA:CPU otherwise folds the transpose into the product and runs the same
-    matrix product about twice as slowly for 2-16 rows (`python scripts/benchmarks/bench_dense.py`); with the
-    barrier, verifying a block of 2 tokens costs what one decode step does. The rows are padded
-    to a multiple of ROW_BLOCK past PAD_ABOVE. Many rows (prefill, training) and other backends
-    take the plain contraction. An InOut is multiplied as x @ w: over 2-16 rows XLA:CPU runs that
-    faster still, over one row more slowly (`python scripts/benchmarks/bench_dense.py`), so verify steps
-    multiply by transposed copies (`eagle_jax.model.transformer.with_block_copies`), decode steps by the weights.
-    """
-    if isinstance(w, InOut):
-        return jnp.einsum("...i,io->...o", x, w.w, preferred_element_type=out_dtype)
-    rows = math.prod(x.shape[:-1])
-    if rows > FEW_ROWS or not _few_row_form.get() or jax.default_backend() != "cpu":
-        return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=out_dtype)
-    padded = rows if rows <= PAD_ABOVE else -(-rows // ROW_BLOCK) * ROW_BLOCK
-    flat = jnp.pad(x.reshape(rows, x.shape[-1]), ((0, padded - rows), (0, 0)))
-    product = jax.lax.dot_general(w, flat, (((1,), (1,)), ((), ())), preferred_element_type=out_dtype)  # (out, padded)
-    return jax.lax.optimization_barrier(product)[:, :rows].T.reshape(*x.shape[:-1], w.shape[0])
+def dense(x: jax.Array, w: jax.Array | LaidOutWeight, out_dtype=None) -> jax.Array:
+    """x (..., in) times a weight stored (out, in), as in PyTorch checkpoints: (..., out)."""
+    if isinstance(w, LaidOutWeight):
+        return w.multiply(x, out_dtype)
+    return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=out_dtype)
 
 
 def swiglu(x: jax.Array, p: dict) -> jax.Array:
@@ -120,12 +82,13 @@ def self_attention(
     inv_freq: jax.Array,
     eps: float,
     extra_kv: tuple[jax.Array, jax.Array] | None = None,
-    attn_impl: str = "auto",
+    attention: str = "auto",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """GQA self-attention over a cached prefix plus a new block.
 
     The new keys are this call's own T tokens, preceded by `extra_kv` (B, E, KV, D) when given
-    (the draft's earlier tree levels); block_mask then covers (B, T, E + T).
+    (the draft's earlier tree levels); block_mask then covers (B, T, E + T). `attention` names the
+    implementation (`eagle_jax.model.attention.attend`).
     Returns (out (B, T, d), k_new (B, T, KV, D), v_new (B, T, KV, D)) where k_new is post-RoPE.
     """
     b, t, _ = x.shape
@@ -146,5 +109,5 @@ def self_attention(
     if extra_kv is not None:
         k_block = jnp.concatenate([extra_kv[0], k], axis=1)
         v_block = jnp.concatenate([extra_kv[1], v], axis=1)
-    out = attend(q, k_cache, v_cache, lengths, k_block, v_block, block_mask, impl=attn_impl)
+    out = attend(q, k_cache, v_cache, lengths, k_block, v_block, block_mask, impl=attention)
     return dense(out.reshape(b, t, num_heads * head_dim), p["wo"]), k, v

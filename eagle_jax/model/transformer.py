@@ -11,9 +11,8 @@ params = {
 }
 
 The layers are separate arrays walked by a Python loop, not one stacked array scanned over: on
-XLA:CPU the scan's per-layer slice of the weights makes the products of a verify block 1.4-2x
-slower (scripts/benchmarks/bench_dense.py). The price is compile time: every layer is compiled on its own, and
-a generate compiles 3-8x longer than with a scan.
+XLA:CPU a scan's per-layer slice of stacked weights slowed the products of a verify block
+(results/dense_layout/). The price is compile time: every layer is compiled on its own.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import jax.numpy as jnp
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.model.kv_cache import KVCache
-from eagle_jax.model.layers import InOut, dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
+from eagle_jax.model.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
 
 
 class ForwardOutput(NamedTuple):
@@ -46,12 +45,12 @@ def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) ->
     return KVCache.zeros(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
-def decoder_layer(cfg: ModelConfig, p: dict, x, positions, k_cache, v_cache, lengths, block_mask, inv_freq, attn_impl):
+def decoder_layer(cfg: ModelConfig, p: dict, x, positions, k_cache, v_cache, lengths, block_mask, inv_freq):
     """Pre-norm Llama decoder layer. Returns (x, k_new, v_new)."""
     a, k, v = self_attention(
         rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), p, positions, k_cache, v_cache, lengths, block_mask,
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        inv_freq=inv_freq, eps=cfg.rms_norm_eps, attn_impl=attn_impl,
+        inv_freq=inv_freq, eps=cfg.rms_norm_eps, attention=cfg.attention,
     )
     x = x + a
     return x + swiglu(rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), p), k, v
@@ -66,7 +65,6 @@ def forward(
     block_mask: jax.Array,  # (B, T, T) bool: which new tokens each new token sees
     *,
     capture: tuple[int, ...] = (),
-    attn_impl: str = "auto",
 ) -> ForwardOutput:
     """Run the target over T new tokens that attend to the cached prefix (by length) + block_mask.
 
@@ -85,38 +83,12 @@ def forward(
     inputs, k_new, v_new = [], [], []
     for i, p in enumerate(params["layers"]):
         inputs.append(x)
-        x, k, v = decoder_layer(cfg, p, x, positions, cache.k[i], cache.v[i], cache.lengths, block_mask, inv_freq, attn_impl)
+        x, k, v = decoder_layer(cfg, p, x, positions, cache.k[i], cache.v[i], cache.lengths, block_mask, inv_freq)
         k_new.append(k)
         v_new.append(v)
     captured = jnp.stack([inputs[i] for i in capture]) if capture else jnp.zeros((0, b, t, cfg.hidden_size), dtype)
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     return ForwardOutput(hidden, captured, jnp.stack(k_new), jnp.stack(v_new))
-
-
-PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-
-
-def with_block_copies(params: dict) -> dict:
-    """params plus, on CPU, "block_layers": every layer again with its projections as (in, out)
-    copies (`eagle_jax.model.layers.InOut`), which forwards over blocks of tokens use (`for_blocks`).
-
-    XLA:CPU multiplies 2-16 rows by an (in, out) matrix faster than by the stored (out, in) one,
-    which stays faster for one row (decode steps): with the copies a verify step over 2-8 tokens is
-    1.07-1.19x faster (`python scripts/benchmarks/bench_step_vs_checkout.py`, results/dense_layout). Make them
-    once, where the params are loaded for speculative decoding: they hold the projections' memory
-    again (about 0.4 GB for SmolLM2-135M in float32) and take about 0.2 s on the 2-core CPU; inside a
-    jitted generate they would be remade on every call. Other backends: params unchanged.
-    """
-    if jax.default_backend() != "cpu" or "block_layers" in params:
-        return params
-    copies = [layer | {k: InOut(jnp.array(layer[k].T)) for k in PROJECTIONS} for layer in params["layers"]]
-    return params | {"block_layers": copies}
-
-
-def for_blocks(params: dict) -> dict:
-    """The params a forward over several new tokens (a verify step) runs with: the layers'
-    (in, out) copies where `with_block_copies` made them, else params as they are."""
-    return params | {"layers": params["block_layers"]} if "block_layers" in params else params
 
 
 def lm_head(params: dict, hidden: jax.Array) -> jax.Array:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def load_prompt_module():
     """infer/prompts.py by path: this venv need not have eagle-jax installed (it has no JAX)."""
-    sys.path.insert(0, ROOT)  # for eagle_jax.errors, the one import of infer/prompts.py
+    sys.path.insert(0, ROOT)  # for eagle_jax.errors (infer/prompts.py imports it) and eagle_jax.files
     spec = importlib.util.spec_from_file_location("bench_prompts", os.path.join(ROOT, "infer", "prompts.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
@@ -81,6 +80,7 @@ def main() -> int:
     from tqdm import tqdm
 
     prompts_module = load_prompt_module()
+    from eagle_jax.files import write_json_atomic  # from the source tree, put on sys.path just above
     try:
         prompts = prompts_module.select_prompts(
             prompts_module.load_prompts(args.prompts), args.limit, args.categories and args.categories.split(",")
@@ -113,10 +113,7 @@ def main() -> int:
                    "prompt_lookup_num_tokens": args.prompt_lookup_tokens, "threads": torch.get_num_threads(),
                    "torch": torch.__version__, "transformers": transformers.__version__, "dtype": "float32", "device": "cpu"},
     }
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"summary": summary, "per_prompt": rows}, f, indent=2)
-    os.replace(tmp, args.out)
+    write_json_atomic(args.out, {"summary": summary, "per_prompt": rows})
     print(f"transformers greedy {ar_tps:.1f} tok/s, prompt lookup {pld_tps:.1f} tok/s ({pld_tps / ar_tps:.2f}x), "
           f"{summary['new_tokens']} tokens over {len(rows)} prompts; wrote {args.out}")
     return 0

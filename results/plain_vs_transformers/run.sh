@@ -5,7 +5,7 @@
 #   bash results/plain_vs_transformers/run.sh [PROMPTS.jsonl] [LIMIT_PER_CATEGORY] [MAX_NEW_TOKENS] [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-prompts=${1:-../shared/data/spec_bench_400.jsonl}
+prompts=${1:-data/spec_bench_400.jsonl}
 limit=${2:-2}
 max_new=${3:-128}
 out=${4:-results/plain_vs_transformers}

@@ -1,14 +1,15 @@
-"""Why the target's weights are per-layer (out, in) arrays multiplied by `eagle_jax.model.layers.dense`,
-and why verify steps multiply by (in, out) copies of them (`eagle_jax.model.transformer.with_block_copies`).
+"""Why the target's weights are per-layer (out, in) arrays, and why on CPU they take the forms of
+`eagle_jax.model.cpu_layout` (decode steps: w @ x^T behind a barrier; verify steps: (in, out) copies).
 
     .venv/bin/python scripts/benchmarks/bench_dense.py --out results/dense_layout/cpu.json
 
 The matrix products alone: the default model's seven projections per layer over all its layers,
 for 1-16 rows, written four ways and timed interleaved (median of --reps calls each):
-  * "stacked_scan_dense": weights stacked (L, out, in), a lax.scan over layers, `dense`;
-  * "per_layer_einsum": per-layer (out, in) arrays, a Python loop, the plain contraction;
-  * "per_layer_dense": per-layer arrays through `dense` (its CPU few-row form): decode steps;
-  * "per_layer_in_out": per-layer (in, out) copies (`InOut`) through `dense`: verify steps.
+  * "stacked_scan_dense": weights stacked (L, out, in), a lax.scan over layers, the CPU layout's
+    few-row form (`CpuWeight` without copies);
+  * "per_layer_einsum": per-layer (out, in) arrays, a Python loop, the plain contraction (`dense`);
+  * "per_layer_dense": per-layer arrays in the few-row form: decode steps;
+  * "per_layer_in_out": per-layer (in, out) copies, x @ w: verify steps.
 The whole model against an earlier commit: scripts/benchmarks/bench_step_vs_checkout.py.
 """
 
@@ -24,10 +25,10 @@ import numpy as np
 
 from eagle_jax.files import write_text_atomic
 from eagle_jax.infer.bench_report import describe_machine
-from eagle_jax.model.layers import dense
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL
-from eagle_jax.model.transformer import with_block_copies
+from eagle_jax.model.cpu_layout import CpuWeight
+from eagle_jax.model.layers import dense
 
 ROWS = (1, 2, 4, 5, 6, 8, 12, 16)
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -57,7 +58,8 @@ def layer_products(p: dict, x, mul):
 def products_part(layers: list[dict], reps: int) -> dict:
     matrices = [{k: layer[k] for k in MATRICES} for layer in layers]
     stacked = {k: jnp.stack([m[k] for m in matrices]) for k in MATRICES}
-    copies = [{k: layer[k] for k in MATRICES} for layer in with_block_copies({"layers": layers})["block_layers"]]
+    copies = [{k: jnp.array(layer[k].T) for k in MATRICES} for layer in layers]
+    few_rows = lambda x, w: CpuWeight(w).multiply(x)  # noqa: E731
 
     def per_layer(mul):
         def run(ms, x):
@@ -67,13 +69,13 @@ def products_part(layers: list[dict], reps: int) -> dict:
         return jax.jit(run)
 
     def scanned(stacked, x):
-        return jax.lax.scan(lambda x, p: (layer_products(p, x, dense), None), x, stacked)[0]
+        return jax.lax.scan(lambda x, p: (layer_products(p, x, few_rows), None), x, stacked)[0]
 
     fns = {
         "stacked_scan_dense": jax.jit(scanned),
-        "per_layer_einsum": per_layer(lambda x, w: jnp.einsum("...i,oi->...o", x, w)),
-        "per_layer_dense": per_layer(dense),
-        "per_layer_in_out": per_layer(dense),
+        "per_layer_einsum": per_layer(dense),
+        "per_layer_dense": per_layer(few_rows),
+        "per_layer_in_out": per_layer(lambda x, w: jnp.einsum("...i,io->...o", x, w)),
     }
     results = {}
     for rows in ROWS:

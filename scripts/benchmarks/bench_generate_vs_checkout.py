@@ -2,7 +2,7 @@
 model, head, tree and prompts.
 
     git worktree add /tmp/baseline <commit>
-    .venv/bin/python scripts/benchmarks/bench_generate_vs_checkout.py --baseline /tmp/baseline --out results/round_cost/generate_vs_11e0b45.json
+    .venv/bin/python scripts/benchmarks/bench_generate_vs_checkout.py --baseline /tmp/baseline --out generate.json
 
 Each version compiles `generate_spec` for the default model with its shipped head and the drafted
 part of the tuned tree (read from this tree; its lookup chain is left out, since checkouts before
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench_dense import median_ms
-from bench_step_vs_checkout import HERE, check_checkout, import_checkout
+from bench_step_vs_checkout import HERE, engine_params, import_roles, layout_of
 
 MODEL = "smollm2-135m-instruct"
 CACHE_LEN = 512
@@ -32,25 +32,24 @@ def generate_of(root: str, tree_args: dict, max_new_tokens: int):
     """(speculative generate, plain generate, tokenizer) from the eagle_jax package under `root`;
     each generate(tokens, lengths) returns (tokens (1, max_new_tokens), a count (1,)): the rounds
     for the speculative one, the new tokens for the plain one."""
-    loading, registry, checkpoint, speculative, tree_mod, plain, model_code = import_checkout(
-        root, "eagle_jax.loading", "eagle_jax.loading.registry", "eagle_jax.draft.checkpoint", "eagle_jax.decoding.speculative", "eagle_jax.decoding.tree",
-        "eagle_jax.decoding.plain", "eagle_jax.model.transformer",
-    )
-    target = loading.load_target(MODEL)
-    spec_params = getattr(model_code, "with_block_copies", lambda p: p)(target.params)  # as the checkout's Engine does
+    modules = import_roles(root, "model", "speculative", "tree", "plain", "layout",
+                           same_in_both=("eagle_jax.loading.registry", "eagle_jax.draft.checkpoint"))
+    registry, checkpoint = modules["eagle_jax.loading.registry"], modules["eagle_jax.draft.checkpoint"]
+    target = modules["loading"].load_target(MODEL)
     dcfg, dparams = checkpoint.load_draft(registry.default_head_dir(MODEL), target.cfg)
-    tree = tree_mod.TreeConfig(**tree_args)
+    spec_params, plain_params, dparams = engine_params(modules, target.params, dparams)
+    tree = modules["tree"].TreeConfig(**tree_args)
 
     def generate(tokens, lengths):
-        out = speculative.generate_spec_jit(
+        out = modules["speculative"].generate_spec_jit(
             spec_params, target.cfg, dparams, dcfg, tokens, lengths, jax.random.key(0),
             max_new_tokens=max_new_tokens, cache_len=CACHE_LEN, tree=tree, stop_ids=target.stop_ids,
         )
         return out.tokens, out.rounds
 
     def generate_plain(tokens, lengths):
-        out = plain.generate_ar_jit(
-            target.params, target.cfg, tokens, lengths, jax.random.key(0),
+        out = modules["plain"].generate_ar_jit(
+            plain_params, target.cfg, tokens, lengths, jax.random.key(0),
             max_new_tokens=max_new_tokens, cache_len=CACHE_LEN, stop_ids=target.stop_ids,
         )
         return out.tokens, out.num_tokens
@@ -77,7 +76,7 @@ def main() -> None:
     parser.add_argument("--tree", help="top_k/depth/num_nodes[/lookup] (default: the tuned tree without its lookup)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    check_checkout(args.baseline)
+    layout_of(args.baseline)
     if args.tree:
         from eagle_jax.errors import EagleError
         from eagle_jax.infer.bench_policy import parse_trees
@@ -88,8 +87,10 @@ def main() -> None:
             parser.error(str(e))
         tree_args = {"top_k": tree.top_k, "depth": tree.depth, "num_nodes": tree.num_nodes, "lookup": tree.lookup}
     else:
-        with open(os.path.join(HERE, "eagle_jax", "heads", MODEL, "tree.json")) as f:
-            tree_args = {k: v for k, v in json.load(f).items() if k in ("top_k", "depth", "num_nodes")}
+        from eagle_jax.files import read_json
+
+        tuned = read_json(os.path.join(HERE, "eagle_jax", "heads", MODEL, "tree.json"), what="the shipped head's tuned tree")
+        tree_args = {k: v for k, v in tuned.items() if k in ("top_k", "depth", "num_nodes")}
     fns, tokenizer = {}, None
     for version, root in (("baseline", args.baseline), ("this_tree", HERE)):
         spec, plain, tokenizer = generate_of(root, tree_args, args.max_new_tokens)

@@ -1,10 +1,12 @@
 """One target step of this tree's model code against another checkout's, in one process.
 
     git worktree add /tmp/baseline <commit>
-    .venv/bin/python scripts/benchmarks/bench_step_vs_checkout.py --baseline /tmp/baseline --out results/dense_layout/step_vs_adc7bfb.json
+    .venv/bin/python scripts/benchmarks/bench_step_vs_checkout.py --baseline /tmp/baseline --out step.json
 
 The step: forward over T new tokens (T = 1: a decode step; more: a verify block of that many tree
-nodes, with the (in, out) copies of `eagle_jax.model.transformer.with_block_copies` where the checkout has it) with a --cache-slots cache holding --cache-filled tokens (default 512 and 300), then the logits. Both versions load the same model,
+nodes), with the params laid out as each checkout's Engine lays them out on CPU (`backend_layout`,
+or before it `with_block_copies`), with a --cache-slots cache holding --cache-filled tokens
+(default 512 and 300), then the logits. Both versions load the same model,
 are compiled first and timed interleaved (median of --reps calls each); their logits must agree to
 1e-4 of their largest magnitude (float32, products in another order).
 """
@@ -55,25 +57,59 @@ def import_checkout(root: str, *modules: str) -> list:
     return imported
 
 
-def check_checkout(root: str) -> None:
-    if not os.path.isfile(os.path.join(root, "eagle_jax", "model.py")):
-        raise SystemExit(f"--baseline {root}: not an eagle-jax checkout (no eagle_jax/model.py); "
-                         "expected e.g. the directory of `git worktree add DIR <commit>`")
+# Module names of the two layouts a checkout may have: subpackages (from the restructure on) or
+# the flat package before it.
+LAYOUTS = {
+    "subpackages": {"kv_cache": "eagle_jax.model.kv_cache", "model": "eagle_jax.model.transformer", "plain": "eagle_jax.decoding.plain",
+                    "prompts": "eagle_jax.decoding.prompts", "speculative": "eagle_jax.decoding.speculative", "tree": "eagle_jax.decoding.tree",
+                    "layout": "eagle_jax.model.cpu_layout"},
+    "flat": {"kv_cache": "eagle_jax.kv_cache", "model": "eagle_jax.model", "plain": "eagle_jax.generate_ar", "prompts": "eagle_jax.generate_ar",
+             "speculative": "eagle_jax.speculative", "tree": "eagle_jax.tree"},
+}
+
+
+def layout_of(root: str) -> dict[str, str]:
+    """The module names of the checkout under `root`."""
+    if os.path.isfile(os.path.join(root, "eagle_jax", "model", "transformer.py")):
+        return LAYOUTS["subpackages"]
+    if os.path.isfile(os.path.join(root, "eagle_jax", "model.py")):
+        return LAYOUTS["flat"]
+    raise SystemExit(f"--baseline {root}: not an eagle-jax checkout (no eagle_jax/model/transformer.py or eagle_jax/model.py); "
+                     "expected e.g. the directory of `git worktree add DIR <commit>`")
+
+
+def import_roles(root: str, *roles: str, same_in_both: tuple[str, ...] = ()) -> dict:
+    """{role: module} of the checkout under `root` for `roles` (keys of LAYOUTS; "layout" only where
+    the checkout has it), "loading", and the modules named `same_in_both` (both layouts have them;
+    keyed by name), in one import."""
+    names = layout_of(root) | {"loading": "eagle_jax.loading"} | {name: name for name in same_in_both}
+    roles = tuple(r for r in roles if r in names) + ("loading", *same_in_both)
+    return dict(zip(roles, import_checkout(root, *(names[r] for r in roles))))
+
+
+def engine_params(modules: dict, params: dict, dparams: dict | None = None) -> tuple:
+    """(params for verify steps, params for one-token steps, draft params) as the checkout's Engine
+    runs them on CPU: laid out by `backend_layout`, or with `with_block_copies`' copies before it."""
+    if "layout" in modules:
+        laid_out = modules["layout"].backend_layout(params)
+        return laid_out, laid_out, None if dparams is None else modules["layout"].backend_layout(dparams)
+    same = lambda p: p  # noqa: E731
+    copies = getattr(modules["model"], "with_block_copies", same)(params)
+    return getattr(modules["model"], "for_blocks", same)(copies), params, dparams
 
 
 def step_of(root: str, model: str, slots: int, filled: int):
     """(jitted step, params, cache) built from the eagle_jax package under `root`."""
-    kv_cache, loading, model_code = import_checkout(root, "eagle_jax.model.kv_cache", "eagle_jax.loading", "eagle_jax.model.transformer")
-    KVCache, forward, lm_head, make_cache = kv_cache.KVCache, model_code.forward, model_code.lm_head, model_code.make_cache
-    target = loading.load_target(model, with_tokenizer=False)
+    modules = import_roles(root, "kv_cache", "model", "layout")
+    model_code = modules["model"]
+    KVCache, forward, lm_head, make_cache = modules["kv_cache"].KVCache, model_code.forward, model_code.lm_head, model_code.make_cache
+    target = modules["loading"].load_target(model, with_tokenizer=False)
     cfg = target.cfg
     empty = make_cache(cfg, 1, slots)
     k, v = jax.tree.map(lambda x: x + 0.01, (empty.k, empty.v))  # a stacked array or per-layer arrays
     cache = KVCache(k, v, jnp.full((1,), filled, jnp.int32))
 
-    # A checkout with `with_block_copies` verifies with its (in, out) copies, as its Engine does.
-    same = lambda p: p  # noqa: E731
-    block_params = getattr(model_code, "for_blocks", same)(getattr(model_code, "with_block_copies", same)(target.params))
+    block_params, params, _ = engine_params(modules, target.params)
 
     @jax.jit
     def step(both, cache, tokens):  # (1, T) new tokens, causal among themselves
@@ -83,7 +119,7 @@ def step_of(root: str, model: str, slots: int, filled: int):
                       jnp.tril(jnp.ones((1, t, t), bool)))
         return lm_head(params, out.hidden)
 
-    return step, (target.params, block_params), cache
+    return step, (params, block_params), cache
 
 
 def main() -> None:
@@ -105,7 +141,7 @@ def main() -> None:
     if not 0 <= args.cache_filled <= args.cache_slots - max(new_tokens):
         parser.error(f"--cache-filled {args.cache_filled}: expected 0..{args.cache_slots - max(new_tokens)} "
                      f"(--cache-slots {args.cache_slots} minus room for {max(new_tokens)} new tokens)")
-    check_checkout(args.baseline)
+    layout_of(args.baseline)
     os.environ["EAGLE_JAX_CACHE"] = "off"  # each version converts the GGUF in its own layout
     versions = {name: step_of(root, args.model, args.cache_slots, args.cache_filled) for name, root in (("baseline", args.baseline), ("this_tree", HERE))}
     from eagle_jax.files import write_text_atomic  # this tree's, imported last

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eagle_jax.files import write_text_atomic
 from eagle_jax.kernels_pallas import tree_attention_gpu, tree_attention_reference
 
 TOLERANCE = 2e-2  # atol and rtol for bfloat16 inputs
@@ -165,7 +166,7 @@ def main() -> int:
     }
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    write_text_atomic(out, json.dumps(report, indent=1))  # NaN allowed: a broken kernel's error is reported, not refused
     print(f"wrote {out} ({len(rows)} rows, {len(failures)} failed, {len(skipped)} skipped)")
     return 0 if rows and not failures and all(row["ok"] for row in rows) else 1
 

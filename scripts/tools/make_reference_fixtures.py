@@ -66,7 +66,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -88,6 +87,8 @@ from transformers import (
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
+sys.path.insert(0, str(ROOT))  # this venv has torch, not eagle-jax; eagle_jax.files needs only the standard library
+from eagle_jax.files import savez_atomic, write_directory_atomic, write_text_atomic  # noqa: E402
 
 BATCH, SEQ, PREFIX_LEN = 2, 12, 7
 
@@ -282,19 +283,20 @@ def make_tiny(name: str) -> dict:
         assert model.model.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 32)
 
     out_dir = FIXTURES / name
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    np.savez_compressed(
-        out_dir / "reference.npz",
-        input_ids=input_ids.astype(np.int32),
-        logits=ref["logits"].astype(np.float32),
-        hidden_states=ref["hidden_states"].astype(np.float32),
-        last_layer_output=ref["last_layer_output"].astype(np.float32),
-        prefix_len=np.int32(PREFIX_LEN),
-        step_logits=ref["step_logits"].astype(np.float32),
-    )
+
+    def fill(staging: str) -> None:
+        model.save_pretrained(staging, safe_serialization=True)
+        np.savez_compressed(
+            os.path.join(staging, "reference.npz"),
+            input_ids=input_ids.astype(np.int32),
+            logits=ref["logits"].astype(np.float32),
+            hidden_states=ref["hidden_states"].astype(np.float32),
+            last_layer_output=ref["last_layer_output"].astype(np.float32),
+            prefix_len=np.int32(PREFIX_LEN),
+            step_logits=ref["step_logits"].astype(np.float32),
+        )
+
+    write_directory_atomic(out_dir, fill)
 
     # Round trip: reloading the saved dir must give the same logits.
     re = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
@@ -368,8 +370,9 @@ def make_gguf_reference() -> None:
         assert int(new[0]) == int(last_logits[i, -1].argmax())
         print(f"  prompt {i}: {len(x)} tokens -> {tok.decode(new)!r} (min margin {np.nanmin(margin[i]):.3f})")
 
-    np.savez_compressed(
+    savez_atomic(
         FIXTURES / "smollm2_gguf_reference.npz",
+        compressed=True,
         prompt_texts=np.array(texts),
         prompt_ids=prompt_ids,
         prompt_lengths=lengths,
@@ -420,9 +423,8 @@ def make_gguf_reference() -> None:
         "added_tokens": [{"id": a["id"], "content": a["content"], "special": a["special"]} for a in backend["added_tokens"]],
         "chat_template_source": tok.chat_template,
     }
-    with open(FIXTURES / "tokenizer_cases.json", "w", encoding="utf-8") as f:
-        json.dump({"tokenizer": info, "cases": cases, "chat_template": chat, "prompts": texts}, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    cases_json = json.dumps({"tokenizer": info, "cases": cases, "chat_template": chat, "prompts": texts}, ensure_ascii=False, indent=1)
+    write_text_atomic(FIXTURES / "tokenizer_cases.json", cases_json + "\n")
 
 
 def main() -> None:

@@ -26,10 +26,9 @@ repeats some questions word for word), so a training slice may run past held-out
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from eagle_jax.files import write_text_atomic
+from eagle_jax.files import write_jsonl_atomic
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.prompts import load_prompts
 from eagle_jax.train.data import SHAREGPT, Conversation, load_conversations
@@ -79,7 +78,7 @@ def main() -> None:
         if len(lines) == args.count:
             break
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    write_text_atomic(args.out, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    write_jsonl_atomic(args.out, lines)
     print(f"wrote {len(lines)} {args.format} records to {args.out}" + (f" ({excluded} held-out conversations left out)" if args.exclude else ""))
 
 

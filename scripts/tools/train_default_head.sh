@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The shipped default head for SmolLM2-135M-Instruct (eagle_jax/heads/smollm2-135m-instruct):
-# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in ten stages.
+# EAGLE-3.1 (fc_norm + norm_output), trained on this 2-core CPU in eleven stages (docs/default-head-training.md
+# gives each stage's command, data, logs and curves). Usage: bash scripts/tools/train_default_head.sh [RUN_DIR]
 # Stage 1: the first ShareGPT exchanges answered by SmolLM2 itself (self-distillation, greedy, at
 #   most 256 new tokens), 480 steps from scratch. Regeneration is resumable: a stopped run keeps
 #   OUT/regenerated and skips the conversations already answered.

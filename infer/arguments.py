@@ -1,0 +1,152 @@
+"""Command-line arguments shared by `eagle-jax generate`, `bench` and `train`: the --help format,
+value types, renamed flags, the check for optional packages, and the model/draft/tree/sampling flags
+with the engine and tree choice they build."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+from eagle_jax.errors import EagleError
+
+# TreeConfig field -> (its flag, the older spelling still accepted with a note)
+TREE_FLAGS = {
+    "top_k": ("--tree-top-k", "--top-k"),
+    "depth": ("--tree-depth", "--depth"),
+    "num_nodes": ("--tree-nodes", "--num-nodes"),
+    "lookup": ("--tree-lookup", "--lookup"),
+    "scoring": ("--tree-scoring", "--scoring"),
+}
+# older spellings that will later mean something else, as in other LLM tools
+LATER_MEANING = {"--top-k": "top-k sampling (today --top-k-sampling)"}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default, except where there is none to show (None, an off switch)
+    or the help text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class RenamedFlag(argparse.Action):
+    """A value flag spelled `option_strings[0]`; the later spellings are older names, still
+    accepted with a one-line note on stderr."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = self.option_strings[0]
+        if option_string != current:
+            note = f"eagle-jax: note: {option_string} is deprecated, use {current}"
+            if option_string in LATER_MEANING:
+                note += f"; {option_string} will later mean {LATER_MEANING[option_string]}"
+            print(note, file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def require_extra(module: str, needed_for: str, extra: str) -> None:
+    """Refuse (EagleError) before any work when `module`, which only the pyproject `extra` installs, is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise EagleError(f"{needed_for} needs the {module} package, which a plain install leaves out: "
+                         f'pip install -e ".[{extra}]" (from the eagle-jax checkout)')
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    from eagle_jax.decoding.tree import SCORINGS, TreeConfig
+    from eagle_jax.loading.registry import DEFAULT_MODEL
+
+    default = TreeConfig()
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory (config.json + safetensors) or .gguf file")
+    p.add_argument("--draft", default=None, help="draft head directory (ours, EAGLE-1/2, EAGLE-3, speculators layouts); "
+                                                 "default: the built-in head of --model")
+    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding, no draft head")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="new tokens per answer at most")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="target-side sampling temperature; 0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="target-side nucleus sampling: keep the smallest set of tokens "
+                                                             "with this probability mass (1 = off)")
+    p.add_argument("--top-k-sampling", type=non_negative_int, default=0, help="target-side top-k sampling (0 = off)")
+    tree = p.add_argument_group(
+        "draft tree", "Any of these flags replaces the head's tuned tree and batch policy (eagle-jax bench --auto-tune): the "
+                      "tree speculates at every batch size. A shape flag (top-k, depth, nodes, lookup) replaces the tuned shape "
+                      "as a whole, the unset ones taking their defaults; --tree-scoring alone keeps the tuned shape.")
+    tree.add_argument(*TREE_FLAGS["top_k"], dest="tree_top_k", type=positive_int, default=None, action=RenamedFlag,
+                      metavar="K", help="children per expanded node, and nodes expanded per level (the tree's branching; not "
+                                        f"top-k sampling); default: the tuned tree's, else {default.top_k}")
+    tree.add_argument(*TREE_FLAGS["depth"], dest="tree_depth", type=non_negative_int, default=None, action=RenamedFlag,
+                      metavar="D", help=f"expansion passes after the first draft level; default: the tuned tree's, else {default.depth}")
+    tree.add_argument(*TREE_FLAGS["num_nodes"], dest="tree_num_nodes", type=positive_int, default=None, action=RenamedFlag,
+                      metavar="N", help=f"drafted nodes verified per round, root included; default: the tuned tree's, else {default.num_nodes}")
+    tree.add_argument(*TREE_FLAGS["lookup"], dest="tree_lookup", type=non_negative_int, default=None, action=RenamedFlag,
+                      metavar="L", help="also verify this many tokens looked up in the context (the continuation of the latest "
+                                        "earlier occurrence of the last 1-3 tokens), one chain under the root; 0 = none; "
+                                        f"default: the tuned tree's, else {default.lookup}")
+    tree.add_argument(*TREE_FLAGS["scoring"], dest="tree_scoring", choices=SCORINGS, default=None, action=RenamedFlag,
+                      help="'dynamic' (EAGLE-2: by cumulative draft confidence), 'static' (by rank: a fixed shape) or 'sampled' "
+                           "(a fixed shape whose children are drawn from the draft; sampling only, where it accepts more drafted "
+                           f"tokens than top-k children); default: the tuned tree's, else {default.scoring}")
+    p.add_argument("--cache-len", type=positive_int, default=None, help="KV cache slots (default: fits prompt + max new tokens)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights and activations")
+    p.add_argument("--attention", choices=("auto", "xla", "pallas", "pallas_interpret"), default="auto",
+                   help="tree attention of the verify step: auto = Pallas on GPU/TPU, XLA on CPU")
+    p.add_argument("--seed", type=int, default=0, help="random seed of sampling")
+
+
+def sampling_config(args: argparse.Namespace):
+    from eagle_jax.decoding.sampling import SamplingConfig
+
+    return SamplingConfig(args.temperature, args.top_p, args.top_k_sampling)
+
+
+def tree_choice(args: argparse.Namespace, draft_dir: str | None):
+    """settings.choose_tree for the parsed tree and sampling flags (draft_dir None: plain decoding)."""
+    from eagle_jax.infer.settings import choose_tree
+
+    explicit = {field: getattr(args, f"tree_{field}") for field in TREE_FLAGS}
+    return choose_tree(draft_dir, sampled=not sampling_config(args).greedy, **explicit)
+
+
+def build_engine(args: argparse.Namespace):
+    """(Engine, settings.TreeChoice) from parsed model/draft/tree/sampling arguments. The tree
+    flags are checked before the model loads."""
+    import jax.numpy as jnp
+
+    from eagle_jax.draft.checkpoint import load_draft
+    from eagle_jax.infer.engine import Engine
+    from eagle_jax.loading import load_target
+    from eagle_jax.loading.registry import default_head_dir
+
+    draft_dir = None if args.no_spec else args.draft or default_head_dir(args.model)
+    if draft_dir is None and not args.no_spec:
+        raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
+    choice = tree_choice(args, draft_dir)
+    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    target = load_target(args.model, dtype=dtype)
+    draft = None if draft_dir is None else load_draft(draft_dir, target.cfg, dtype=dtype)
+    engine = Engine(target, draft, sampling_config(args), args.max_new_tokens, args.cache_len, args.attention)
+    if choice.tree is not None:
+        engine.check_tree(choice.tree)
+    return engine, choice
