@@ -117,29 +117,19 @@ class Engine:
     def decode(self, ids: list[int]) -> str:
         return self.target.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def run(self, prompts: list[list[int]], *, tree: TreeConfig | None, seed: int = 0) -> RunResult:
+    def run(self, prompts: list[list[int]], *, tree: TreeConfig | None, seed: int = 0, pad_to: int = 64) -> RunResult:
         """Generate for a batch of token-id prompts, speculatively with draft tree `tree` (which
-        needs a draft head), or plainly where `tree` is None."""
-        tokens, lengths = pad_prompts(prompts)
-        cache_len = self.cache_len or -(-(tokens.shape[1] + self.max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
+        needs a draft head), or plainly where `tree` is None. Prompts are padded to a multiple of
+        `pad_to` (one compiled shape per multiple; pass the longest prompt's bound for one in all)."""
+        tokens, lengths = pad_prompts(prompts, multiple=pad_to)
+        cache_len = self._cache_len(tokens.shape[1])
         check_prompt_fits(int(lengths.max()), cache_len)
         if tokens.shape[1] >= cache_len:  # the padding bucket would not fit: pad to the longest prompt
             tokens, lengths = pad_prompts(prompts, multiple=1)
-        key = (tree, tokens.shape, cache_len)
-        args = (tokens, lengths, jax.random.key(seed))
-        compile_s = 0.0
-        if key in self._compiled:
-            self._compiled.move_to_end(key)
-        else:
-            if tree is not None:
-                self.check_tree(tree)
-            while len(self._compiled) >= MAX_COMPILED:
-                self._compiled.popitem(last=False)
-            start = time.perf_counter()
-            self._compiled[key] = self._lower(tree, cache_len, *args).compile()
-            compile_s = time.perf_counter() - start
+        compile_s = self._compile(tree, tokens.shape, cache_len)
         start = time.perf_counter()
-        out = jax.block_until_ready(self._compiled[key](*self._arguments(tree is not None), *args))
+        executable = self._compiled[(tree, tokens.shape, cache_len)]
+        out = jax.block_until_ready(executable(*self._arguments(tree is not None), tokens, lengths, jax.random.key(seed)))
         wall = time.perf_counter() - start
         out_tokens, counts = np.asarray(out.tokens), np.asarray(out.num_tokens)
         rows = [out_tokens[i, : counts[i]].tolist() for i in range(len(prompts))]
@@ -147,6 +137,27 @@ class Engine:
         if tree is not None:
             return RunResult(rows, wall, compile_s, np.asarray(out.rounds).tolist(), np.asarray(out.accept_histogram))
         return RunResult(rows, wall, compile_s, [0] * len(rows), np.zeros((len(rows), 0), np.int32))
+
+    def compile(self, tree: TreeConfig | None, batch: int, width: int) -> float:
+        """Compile ahead of time what `run` uses for `batch` prompts padded to `width` tokens;
+        returns the seconds it took (0 when it was compiled already)."""
+        return self._compile(tree, (batch, width), self._cache_len(width))
+
+    def _cache_len(self, width: int) -> int:
+        return self.cache_len or -(-(width + self.max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
+
+    def _compile(self, tree: TreeConfig | None, shape: tuple[int, int], cache_len: int) -> float:
+        key = (tree, shape, cache_len)
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            return 0.0
+        if tree is not None:
+            self.check_tree(tree)
+        while len(self._compiled) >= MAX_COMPILED:
+            self._compiled.popitem(last=False)
+        start = time.perf_counter()
+        self._compiled[key] = self._lower(tree, cache_len, np.zeros(shape, np.int32), np.ones(shape[0], np.int32), jax.random.key(0)).compile()
+        return time.perf_counter() - start
 
     def _arguments(self, speculative: bool) -> tuple:
         if speculative:

@@ -289,6 +289,28 @@ def test_export_import_round_trip_is_bit_exact(tmp_path, name, dtype):
             np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8), err_msg=str(path))
 
 
+def test_sharded_export_keeps_every_shard_under_its_limit_and_loads_bit_exact(tmp_path):
+    dcfg = DraftConfig.for_target(TARGET, **EXPORT_CONFIGS["eagle3_3.1"])
+    params = reduced_vocab_params(dcfg, jnp.float32, seed=5)
+    limit = 16 * 1024  # several shards for this tiny head
+    export_draft(str(tmp_path / "head"), dcfg, params, max_shard_bytes=limit)
+    files = sorted(os.listdir(tmp_path / "head"))
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert len(shards) > 2 and "model.safetensors.index.json" in files and "model.safetensors" not in files
+    index = json.loads((tmp_path / "head" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    for shard in shards:
+        with safe_open(str(tmp_path / "head" / shard), framework="numpy") as f:
+            assert sum(f.get_tensor(k).nbytes for k in f.keys()) <= limit
+    loaded_cfg, loaded = load_draft(str(tmp_path / "head"), TARGET, dtype=None)
+    assert loaded_cfg == dcfg
+    for (path, want), got in zip(jax.tree.leaves_with_path(params), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(path))
+    with pytest.raises(EagleError, match="more than a shard"):
+        export_draft(str(tmp_path / "small"), dcfg, params, max_shard_bytes=64)
+    assert not os.path.exists(tmp_path / "small")
+
+
 def test_cast_head_script_stores_a_head_in_half_precision(tmp_path):
     dcfg = DraftConfig.for_target(TARGET, **EXPORT_CONFIGS["eagle3_3.1"])
     params = reduced_vocab_params(dcfg, jnp.float32, seed=4)

@@ -1,4 +1,4 @@
-"""Optimizer: AdamW (b1 0.9, b2 0.95) with linear warmup then linear or cosine decay to zero,
+"""Optimizer: AdamW (b1 0.9, b2 0.95) with linear warmup then linear or cosine decay to zero (or none),
 global-norm clipping, and gradient accumulation through optax.MultiSteps."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import optax
 
 from eagle_jax.errors import EagleError
 
-SCHEDULES = ("linear", "cosine")
+SCHEDULES = ("linear", "cosine", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +35,11 @@ class OptimConfig:
 
 
 def learning_rate(cfg: OptimConfig) -> optax.Schedule:
-    """Linear warmup from 0 to cfg.lr, then decay to 0 at cfg.total_steps."""
+    """Linear warmup from 0 to cfg.lr, then decay to 0 at cfg.total_steps (or, constant, none)."""
     decay_steps = max(cfg.total_steps - cfg.warmup_steps, 1)
-    if cfg.schedule == "cosine":
+    if cfg.schedule == "constant":
+        decay = optax.constant_schedule(cfg.lr)
+    elif cfg.schedule == "cosine":
         decay = optax.cosine_decay_schedule(cfg.lr, decay_steps)
     else:
         decay = optax.linear_schedule(cfg.lr, 0.0, decay_steps)

@@ -72,7 +72,7 @@ class Objective:
 @dataclasses.dataclass
 class StepFunctions:
     init_state: Callable  # (key, [initial params]) -> state {"params", "opt_state", "step" (micro-steps done)}
-    train_step: Callable  # (state, frozen, batch) -> (state, LossOutput); donates state
+    train_step: Callable  # (state, frozen, batch[, scale]) -> (state, LossOutput); donates state
     eval_step: Callable  # (params, frozen, batch) -> LossOutput
     abstract_state: dict
     state_shardings: dict
@@ -80,18 +80,22 @@ class StepFunctions:
 
 def make_step_functions(
     objective: Objective, optimizer: optax.GradientTransformation, dcfg: DraftConfig, mesh: Mesh,
-    frozen_shardings: dict, batch_keys: Sequence[str], key: jax.Array,
+    frozen_shardings: dict, batch_keys: Sequence[str], key: jax.Array, scaled_updates: bool = False,
 ) -> StepFunctions:
-    """The jitted init / train / eval functions with params and optimizer state sharded over the mesh."""
+    """The jitted init / train / eval functions with params and optimizer state sharded over the mesh.
+    scaled_updates: train_step takes a 4th argument, a () float32 factor on the optimizer's updates,
+    for schedules the host sets as it goes (one run against a wall-clock budget)."""
 
     def init_state(key, initial=None):  # initial: params to start from (an earlier head), else random
         params = init_draft_params(key, dcfg) if initial is None else initial
         params.pop("d2t", None)  # eagle3: fixed by the vocabulary, not trained
         return {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
 
-    def train_step(state, frozen, batch):
+    def train_step(state, frozen, batch, scale=None):
         grads, out = jax.grad(objective, has_aux=True)(state["params"], frozen, batch)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        if scale is not None:
+            updates = jax.tree.map(lambda u: (scale * u).astype(u.dtype), updates)
         return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state, "step": state["step"] + 1}, out
 
     abstract_state = jax.eval_shape(init_state, key)
@@ -104,7 +108,7 @@ def make_step_functions(
     batch_shardings = {k: mesh_lib.batch_sharding(mesh) for k in batch_keys}
     return StepFunctions(
         init_state=jax.jit(init_state, out_shardings=state_shardings),
-        train_step=jax.jit(train_step, in_shardings=(state_shardings, frozen_shardings, batch_shardings),
+        train_step=jax.jit(train_step, in_shardings=(state_shardings, frozen_shardings, batch_shardings) + ((replicated,) if scaled_updates else ()),
                            out_shardings=(state_shardings, replicated), donate_argnums=0),
         eval_step=jax.jit(lambda params, frozen, batch: objective(params, frozen, batch)[1],
                           in_shardings=(state_shardings["params"], frozen_shardings, batch_shardings), out_shardings=replicated),

@@ -519,8 +519,12 @@ def t2d_mask(d2t: np.ndarray, vocab_size: int) -> np.ndarray:
     return mask
 
 
-def export_draft(directory: str, dcfg: DraftConfig, dparams: dict) -> None:
+def export_draft(directory: str, dcfg: DraftConfig, dparams: dict, max_shard_bytes: int | None = None) -> None:
     """Write a head as config.json + model.safetensors in the HF layout vLLM and SGLang load.
+
+    max_shard_bytes: split the weights into model-0000i-of-0000N.safetensors files of at most that
+    many tensor bytes each, with the model.safetensors.index.json that HF loaders read (a tensor
+    larger than the limit is refused); None writes one file.
 
     eagle3: LlamaForCausalLMEagle3 (fc, midlayer.*, norm, lm_head, d2t int64, t2d bool), with
     draft_vocab_size, target_hidden_size, the fused layers and the EAGLE-3.1 / speculators flags.
@@ -541,11 +545,37 @@ def export_draft(directory: str, dcfg: DraftConfig, dparams: dict) -> None:
         tensors["t2d"] = t2d_mask(tensors["d2t"], dcfg.target_vocab_size)
     config = _export_config(dcfg, str(np.asarray(dparams["fc"]).dtype))
 
+    shards = [tensors] if max_shard_bytes is None else shard_tensors(tensors, max_shard_bytes)
+
     def fill(staging: str) -> None:
-        save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        if len(shards) == 1:
+            save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        else:
+            names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+            for name, shard in zip(names, shards):
+                save_file(shard, os.path.join(staging, name), metadata={"format": "pt"})
+            index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
+                     "weight_map": {key: name for name, shard in zip(names, shards) for key in sorted(shard)}}
+            write_json_atomic(os.path.join(staging, "model.safetensors.index.json"), index)
         write_json_atomic(os.path.join(staging, "config.json"), config)
 
     write_directory_atomic(directory, fill)
+
+
+def shard_tensors(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
+    """Tensors grouped in name order into shards of at most max_bytes tensor bytes each (the
+    safetensors header, a few kB, comes on top)."""
+    shards, size = [{}], 0
+    for key in sorted(tensors):
+        nbytes = tensors[key].nbytes
+        if nbytes > max_bytes:
+            raise EagleError(f"cannot export: {key} holds {nbytes} bytes, more than a shard of at most {max_bytes}")
+        if size + nbytes > max_bytes and shards[-1]:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensors[key]
+        size += nbytes
+    return shards
 
 
 def _export_array(dparams: dict, name: str) -> np.ndarray:

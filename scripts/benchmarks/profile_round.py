@@ -62,7 +62,7 @@ def tree_pieces(tree: TreeConfig, models: SpecModels, cache: KVCache, draft: Dra
     """Median ms of each phase of a greedy round of `tree`, each jitted alone."""
     spec = SpecConfig(tree, SamplingConfig(), max_new_tokens=4 * CACHE_SLOTS, cache_len=CACHE_SLOTS)
     b, p = root.shape[0], tree.max_path
-    history = jnp.arange(CACHE_SLOTS + 2 * p + 1, dtype=jnp.int32)[None] % 50 if tree.lookup else None  # a repeating text
+    history = jnp.broadcast_to(jnp.arange(CACHE_SLOTS + 2 * p + 1, dtype=jnp.int32) % 50, (b, CACHE_SLOTS + 2 * p + 1)) if tree.lookup else None  # a repeating text
     state = SpecState(cache=cache, draft=draft, root=root, tokens=jnp.zeros((b, spec.max_new_tokens + p), jnp.int32),
                       count=jnp.ones((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=jax.random.key(0),
                       rounds=jnp.zeros((b,), jnp.int32), histogram=jnp.zeros((b, p), jnp.int32), history=history)
@@ -82,6 +82,18 @@ def tree_pieces(tree: TreeConfig, models: SpecModels, cache: KVCache, draft: Dra
         "commit_and_draft_context": (models, state, nodes, verified, acc),
     }
     return median_ms(fns, args, reps)
+
+
+def round_split(params: dict, cfg, dcfg, dparams: dict, tree: TreeConfig, batch: int, reps: int) -> dict:
+    """Median ms of each phase of a greedy round of `tree` at `batch` rows, on caches holding
+    CACHE_FILLED of CACHE_SLOTS tokens, in the params' dtype."""
+    dtype = params["embed"].dtype
+    models = SpecModels(params, dparams, cfg, dcfg)
+    cache = filled(make_cache(cfg, batch, CACHE_SLOTS, dtype))
+    draft_cache = filled(make_draft_cache(dcfg, batch, CACHE_SLOTS, dtype))
+    log_probs = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (batch, dcfg.draft_vocab_size)))
+    draft = DraftState(draft_cache, log_probs, jnp.full((batch, dcfg.hidden_size), 0.1, dtype))
+    return tree_pieces(tree, models, cache, draft, jnp.full((batch,), 100, jnp.int32), reps)
 
 
 def main() -> None:
@@ -104,11 +116,8 @@ def main() -> None:
     target = load_target(DEFAULT_MODEL, with_tokenizer=False)
     cfg, params = target.cfg, backend_layout(target.params)  # as the Engine runs them
     dcfg, dparams = load_draft(head_dir, cfg)
-    models = SpecModels(params, backend_layout(dparams), cfg, dcfg)
+    dparams = backend_layout(dparams)
     cache = filled(make_cache(cfg, 1, CACHE_SLOTS))
-    draft_cache = filled(make_draft_cache(dcfg, 1, CACHE_SLOTS))
-    log_probs = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (1, dcfg.draft_vocab_size)))
-    draft = DraftState(draft_cache, log_probs, jnp.full((1, dcfg.hidden_size), 0.1))
     root = jnp.full((1,), 100, jnp.int32)
 
     def plain_step(params, cache, token):
@@ -125,7 +134,7 @@ def main() -> None:
     pieces = {}
     for tree in trees:
         name = f"{tree.top_k}/{tree.depth}/{tree.num_nodes}" + (f"/{tree.lookup}" if tree.lookup else "")
-        pieces[name] = tree_pieces(tree, models, cache, draft, root, args.reps)
+        pieces[name] = round_split(params, cfg, dcfg, dparams, tree, 1, args.reps)
         print(f"tree {name}: {pieces[name]} ms", flush=True)
     counts = [int(t) for t in args.verify_tokens.split(",")]
     step = jax.jit(verify_step)

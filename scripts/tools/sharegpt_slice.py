@@ -21,6 +21,9 @@ repeats some questions word for word), so a training slice may run past held-out
         --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl --out runs/stage10/sharegpt_14300.jsonl
     python scripts/tools/sharegpt_slice.py --start 8800 --count 3000 --turns 2 --answers data/regenerated/*_first_turn.jsonl \
         --exclude data/sharegpt_dev.jsonl data/sharegpt_tune.jsonl --out runs/second_turns.jsonl
+
+(data/regenerated/*_first_turn.jsonl are in the history only since 2026-12-04: restore them first as
+data/regenerated/README.md says.)
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@
 #   44 conversations that are, or repeat word for word, the dev and tuning questions are left out).
 # Stage 11: a second pass over stage 10's answers (the same slice, the answers copied), 900 steps from
 #   stage 10's head.
-# Stages 7 to 10's answers are committed (data/regenerated/README.md): copy them to
-#   "$run/stageN/regenerated/" first to skip regenerating.
+# Stages 7 to 10's answers were committed and are kept in the history (data/regenerated/README.md):
+#   git restore --source=65e69b5 --worktree -- 'data/regenerated/*.jsonl'
+#   then copy them to "$run/stageN/regenerated/" first to skip regenerating.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 run=${1:-runs/default_head}
