@@ -113,6 +113,24 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=("auto", "xla", "pallas", "pallas_interpret"), default="auto",
                    help="tree attention of the verify step: auto = Pallas on GPU/TPU, XLA on CPU")
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling")
+    p.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                   help="decode on a device mesh: batch rows split over D devices, the model's heads, MLP and vocabulary over M "
+                        "(tensor parallel); either axis may be left out (size 1); default: one device")
+    add_distributed_arguments(p.add_argument_group("multi-process", "several hosts (or processes) decoding on one mesh"))
+
+
+def add_distributed_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--distributed", action="store_true", help="multi-process, discovered by jax (TPU pods, SLURM)")
+    p.add_argument("--coordinator", default=None, help="multi-process by hand: HOST:PORT of process 0")
+    p.add_argument("--num-processes", type=int, default=None, help="multi-process by hand: how many processes take part")
+    p.add_argument("--process-id", type=int, default=None, help="multi-process by hand: this process's index, 0 .. N-1")
+
+
+def initialize_distributed(args: argparse.Namespace) -> None:
+    """Join the multi-process run the distributed flags describe (none: a single process)."""
+    from eagle_jax import mesh
+
+    mesh.initialize_distributed(args.coordinator, args.num_processes, args.process_id, auto=args.distributed)
 
 
 def sampling_config(args: argparse.Namespace):
@@ -139,14 +157,19 @@ def build_engine(args: argparse.Namespace):
     from eagle_jax.loading import load_target
     from eagle_jax.loading.registry import default_head_dir
 
+    from eagle_jax.mesh import make_mesh, parse_mesh
+
+    sizes = parse_mesh(args.mesh) if args.mesh else None
+    initialize_distributed(args)  # before anything asks JAX for its devices
     draft_dir = None if args.no_spec else args.draft or default_head_dir(args.model)
     if draft_dir is None and not args.no_spec:
         raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
     choice = tree_choice(args, draft_dir)
+    mesh = None if sizes is None else make_mesh(sizes)
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     target = load_target(args.model, dtype=dtype)
     draft = None if draft_dir is None else load_draft(draft_dir, target.cfg, dtype=dtype)
-    engine = Engine(target, draft, sampling_config(args), args.max_new_tokens, args.cache_len, args.attention)
+    engine = Engine(target, draft, sampling_config(args), args.max_new_tokens, args.cache_len, args.attention, mesh)
     if choice.tree is not None:
         engine.check_tree(choice.tree)
     return engine, choice

@@ -27,6 +27,8 @@ import datetime
 import os
 import sys
 
+import jax
+
 from eagle_jax.decoding.tree import TreeConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import write_json_atomic
@@ -35,6 +37,7 @@ from eagle_jax.infer.bench_measure import PromptRecord, fill_batches, measure_ba
 from eagle_jax.infer.bench_policy import auto_tune_trees, draft_directory, parse_int_list, parse_sweep, parse_trees, sweep_trees
 from eagle_jax.infer.bench_report import batch_row, describe_machine, format_report, per_category, per_prompt, summarize
 from eagle_jax.infer.engine import Engine
+from eagle_jax.mesh import describe
 from eagle_jax.infer.prompts import (
     VARIANT_SYSTEM_PROMPT,
     VARIANTS,
@@ -121,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         "auto_tune": auto_tune(draft_dir, sweep, batch, measured_on(engine, args, machine, len(prompts)), not engine.sampling.greedy)
         if draft_dir else None,
     }
+    if jax.process_index() != 0:  # in a multi-process run, process 0 writes and reports for all
+        return 0
     write_json_atomic(args.out, report)
     print(format_report(report))
     print(f"wrote {args.out}", file=sys.stderr)
@@ -190,6 +195,7 @@ def run_config(engine: Engine, tree: TreeConfig | None, args, machine: dict) -> 
         "cache_len": engine.cache_len,
         "dtype": args.dtype,
         "attention": args.attention,
+        "mesh": describe(engine.mesh),
         "seed": args.seed,
         "prompts": args.prompts,
         "limit_per_category": args.limit,
@@ -201,7 +207,7 @@ def run_config(engine: Engine, tree: TreeConfig | None, args, machine: dict) -> 
 def measured_on(engine: Engine, args, machine: dict, num_prompts: int) -> dict:
     """Where and how a tuned setting was measured (saved with it)."""
     return machine | {
-        "model": args.model, "dtype": args.dtype, "attention": args.attention, "max_new_tokens": engine.max_new_tokens,
+        "model": args.model, "dtype": args.dtype, "attention": args.attention, "mesh": describe(engine.mesh), "max_new_tokens": engine.max_new_tokens,
         "prompts": os.path.abspath(args.prompts), "num_prompts": num_prompts,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

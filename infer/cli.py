@@ -21,13 +21,18 @@ TIMING_NOTE = "one run of this answer, its first call, compile excluded; not a b
 
 
 def cmd_generate(args) -> int:
+    import jax
+
     from eagle_jax.infer.settings import tree_fields
+    from eagle_jax.mesh import describe
 
     engine, choice = build_engine(args)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
     ids = engine.encode_chat(messages, raw=args.raw)
     tree = choice.for_batch(1)
     result = engine.run([ids], tree=tree, seed=args.seed)
+    if jax.process_index() != 0:  # in a multi-process run, process 0 answers for all
+        return 0
     text = engine.decode(result.tokens[0])
     n = result.new_tokens
     report = {
@@ -37,6 +42,8 @@ def cmd_generate(args) -> int:
         "wall_s": result.wall_s,
         "compile_s": result.compile_s,
         "mode": "plain" if tree is None else "speculative",
+        "tokens": result.tokens[0],
+        "mesh": describe(engine.mesh),
     }
     if tree is not None:
         report.update(tau=result.tau, rounds=sum(result.rounds), tree=tree_fields(tree))
@@ -91,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from eagle_jax.disk_cache import enable_compilation_cache
 
-    enable_compilation_cache()  # a second run of the same shapes loads its executables
+    # a second run of the same shapes loads its executables; not in a multi-process run, where on
+    # CPU a loaded program with collectives between the processes hung (jax 0.12.1, tests/test_mesh.py)
+    if not (getattr(args, "coordinator", None) or getattr(args, "distributed", False)):
+        enable_compilation_cache()
     try:
         return args.func(args)
     except EagleError as e:

@@ -14,14 +14,16 @@ import time
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import PAD, check_prompt_fits, pad_prompts
 from eagle_jax.loading import TargetModel
+from eagle_jax.mesh import place, replicated, row_count, to_host
+from eagle_jax.model.sharding import check_model_axis, draft_shardings, model_size, rows_sharding, target_shardings
 from eagle_jax.model.cpu_layout import backend_layout
 from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.decoding.speculative import check_draft, generate_spec_jit
@@ -54,21 +56,28 @@ class RunResult:
 
 
 class LaidOutParams(NamedTuple):
-    """Target and head params laid out for the backend, with the params they were made from."""
+    """Target and head params as decoding runs them, with the params they were made from: laid out
+    for the backend (`backend_layout`), or placed in shards on a mesh."""
 
     source: dict
     params: dict
     draft_source: dict | None
     dparams: dict | None
+    mesh: Mesh | None = None
 
     @classmethod
-    def of(cls, params: dict, dparams: dict | None) -> "LaidOutParams":
-        """On CPU the target keeps (in, out) copies for verify steps only where a head will verify."""
+    def of(cls, target: TargetModel, draft: tuple[DraftConfig, dict] | None, mesh: Mesh | None) -> "LaidOutParams":
+        """On CPU the target keeps (in, out) copies for verify steps only where a head will verify.
+        On a mesh every device receives only its shards (`eagle_jax.model.sharding`)."""
+        params, dparams = target.params, None if draft is None else draft[1]
+        if mesh is not None:
+            placed_head = None if draft is None else place(dparams, draft_shardings(mesh, *draft))
+            return cls(params, place(params, target_shardings(mesh, target.cfg, params)), dparams, placed_head, mesh)
         laid_out_head = None if dparams is None else backend_layout(dparams)
         return cls(params, backend_layout(params, block_copies=dparams is not None), dparams, laid_out_head)
 
-    def holds(self, params: dict, dparams: dict | None) -> bool:
-        return self.source is params and self.draft_source is dparams
+    def holds(self, params: dict, dparams: dict | None, mesh: Mesh | None) -> bool:
+        return self.source is params and self.draft_source is dparams and self.mesh is mesh
 
 
 @dataclasses.dataclass
@@ -79,6 +88,7 @@ class Engine:
     max_new_tokens: int = 256
     cache_len: int | None = None  # None: the smallest bucket that fits prompt + max_new_tokens
     attention: str = "auto"  # the attention implementation of target and head (`ModelConfig.attention`)
+    mesh: Mesh | None = None  # a ("data", "model") mesh (`eagle_jax.mesh.make_mesh`); None: one device
     # the params as decoding runs them (`backend_layout`), made once by the first engine and carried
     # over by dataclasses.replace, so engines that differ in settings share them (remade when the
     # replacement brings another target or head)
@@ -89,9 +99,11 @@ class Engine:
             raise EagleError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft is not None:
             self.draft[0].check_target(self.target.cfg)
+        if self.mesh is not None:
+            check_model_axis(self.target.cfg, model_size(self.mesh))
         dparams = None if self.draft is None else self.draft[1]
-        if self.laid_out is None or not self.laid_out.holds(self.target.params, dparams):
-            self.laid_out = LaidOutParams.of(self.target.params, dparams)
+        if self.laid_out is None or not self.laid_out.holds(self.target.params, dparams, self.mesh):
+            self.laid_out = LaidOutParams.of(self.target, self.draft, self.mesh)
         self._compiled = collections.OrderedDict()
 
     def release(self, *trees: TreeConfig | None) -> None:
@@ -120,28 +132,44 @@ class Engine:
     def run(self, prompts: list[list[int]], *, tree: TreeConfig | None, seed: int = 0, pad_to: int = 64) -> RunResult:
         """Generate for a batch of token-id prompts, speculatively with draft tree `tree` (which
         needs a draft head), or plainly where `tree` is None. Prompts are padded to a multiple of
-        `pad_to` (one compiled shape per multiple; pass the longest prompt's bound for one in all)."""
-        tokens, lengths = pad_prompts(prompts, multiple=pad_to)
+        `pad_to` (one compiled shape per multiple; pass the longest prompt's bound for one in all).
+        On a mesh the batch is filled up to a multiple of its data axis with copies of the first
+        prompt, whose answers are dropped."""
+        n = len(prompts)
+        tokens, lengths = pad_prompts(self._fill_rows(prompts), multiple=pad_to)
         cache_len = self._cache_len(tokens.shape[1])
         check_prompt_fits(int(lengths.max()), cache_len)
         if tokens.shape[1] >= cache_len:  # the padding bucket would not fit: pad to the longest prompt
-            tokens, lengths = pad_prompts(prompts, multiple=1)
+            tokens, lengths = pad_prompts(self._fill_rows(prompts), multiple=1)
         compile_s = self._compile(tree, tokens.shape, cache_len)
+        inputs = (tokens, lengths, np.asarray(jax.random.key_data(jax.random.key(seed))))
+        if self.mesh is not None:
+            inputs = place(inputs, self._input_shardings())
         start = time.perf_counter()
         executable = self._compiled[(tree, tokens.shape, cache_len)]
-        out = jax.block_until_ready(executable(*self._arguments(tree is not None), tokens, lengths, jax.random.key(seed)))
+        out = jax.block_until_ready(executable(*self._arguments(tree is not None), *inputs))
         wall = time.perf_counter() - start
-        out_tokens, counts = np.asarray(out.tokens), np.asarray(out.num_tokens)
-        rows = [out_tokens[i, : counts[i]].tolist() for i in range(len(prompts))]
+        speculative = tree is not None
+        out_tokens, counts, *spec = to_host((out.tokens, out.num_tokens) + ((out.rounds, out.accept_histogram) if speculative else ()))
+        rows = [out_tokens[i, : counts[i]].tolist() for i in range(n)]
         assert all(PAD not in r for r in rows)
-        if tree is not None:
-            return RunResult(rows, wall, compile_s, np.asarray(out.rounds).tolist(), np.asarray(out.accept_histogram))
-        return RunResult(rows, wall, compile_s, [0] * len(rows), np.zeros((len(rows), 0), np.int32))
+        if speculative:
+            return RunResult(rows, wall, compile_s, spec[0][:n].tolist(), spec[1][:n])
+        return RunResult(rows, wall, compile_s, [0] * n, np.zeros((n, 0), np.int32))
 
     def compile(self, tree: TreeConfig | None, batch: int, width: int) -> float:
         """Compile ahead of time what `run` uses for `batch` prompts padded to `width` tokens;
         returns the seconds it took (0 when it was compiled already)."""
-        return self._compile(tree, (batch, width), self._cache_len(width))
+        return self._compile(tree, (len(self._fill_rows([[0]] * batch)), width), self._cache_len(width))
+
+    def _fill_rows(self, prompts: list[list[int]]) -> list[list[int]]:
+        """The prompts and, on a mesh, copies of the first up to a multiple of its data axis."""
+        ways = 1 if self.mesh is None else row_count(self.mesh)
+        return prompts + [prompts[0]] * (-len(prompts) % ways)
+
+    def _input_shardings(self) -> tuple:
+        """Of prompt tokens (B, P), lengths (B,) and the key's data (2,): rows split over "data"."""
+        return rows_sharding(self.mesh, 2), rows_sharding(self.mesh, 1), replicated(self.mesh)
 
     def _cache_len(self, width: int) -> int:
         return self.cache_len or -(-(width + self.max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
@@ -156,7 +184,10 @@ class Engine:
         while len(self._compiled) >= MAX_COMPILED:
             self._compiled.popitem(last=False)
         start = time.perf_counter()
-        self._compiled[key] = self._lower(tree, cache_len, np.zeros(shape, np.int32), np.ones(shape[0], np.int32), jax.random.key(0)).compile()
+        inputs = (np.zeros(shape, np.int32), np.ones(shape[0], np.int32), np.asarray(jax.random.key_data(jax.random.key(0))))
+        if self.mesh is not None:
+            inputs = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(inputs, self._input_shardings()))
+        self._compiled[key] = self._lower(tree, cache_len, *inputs).compile()
         return time.perf_counter() - start
 
     def _arguments(self, speculative: bool) -> tuple:
@@ -164,16 +195,16 @@ class Engine:
             return (self.laid_out.params, self.laid_out.dparams)
         return (self.laid_out.params,)
 
-    def _lower(self, tree: TreeConfig | None, cache_len: int, tokens, lengths, rng):
+    def _lower(self, tree: TreeConfig | None, cache_len: int, tokens, lengths, key_data):
         static = dict(
             max_new_tokens=self.max_new_tokens, cache_len=cache_len, sampling=self.sampling,
-            stop_ids=self.target.stop_ids,
+            stop_ids=self.target.stop_ids, mesh=self.mesh,
         )
         cfg = dataclasses.replace(self.target.cfg, attention=self.attention)
         speculative = tree is not None
         if speculative:
             dcfg = dataclasses.replace(self.draft[0], attention=self.attention)
-            fn = lambda p, dp, t, l, r: generate_spec_jit(p, cfg, dp, dcfg, t, l, r, tree=tree, **static)  # noqa: E731
+            fn = lambda p, dp, t, l, k: generate_spec_jit(p, cfg, dp, dcfg, t, l, jax.random.wrap_key_data(k), tree=tree, **static)  # noqa: E731
         else:
-            fn = lambda p, t, l, r: generate_ar_jit(p, cfg, t, l, r, **static)  # noqa: E731
-        return jax.jit(fn).lower(*self._arguments(speculative), jnp.asarray(tokens), jnp.asarray(lengths), rng)
+            fn = lambda p, t, l, k: generate_ar_jit(p, cfg, t, l, jax.random.wrap_key_data(k), **static)  # noqa: E731
+        return jax.jit(fn).lower(*self._arguments(speculative), tokens, lengths, key_data)

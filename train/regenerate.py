@@ -22,7 +22,7 @@ from tqdm import tqdm
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import pad_prompts
 from eagle_jax.loading import TargetModel
-from eagle_jax.train import mesh as mesh_lib
+from eagle_jax import mesh as mesh_lib
 from eagle_jax.train.data import Conversation, render
 
 

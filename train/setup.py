@@ -29,7 +29,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_json_atomic
 from eagle_jax.loading import TargetModel
 from eagle_jax.train import data as data_lib
-from eagle_jax.train import mesh as mesh_lib
+from eagle_jax import mesh as mesh_lib
 from eagle_jax.train.features import FeatureStore, build_feature_store, compute_target_features, pack
 from eagle_jax.train.regenerate import regenerate_conversations
 from eagle_jax.train.vocab import DraftVocab, carry_over_rows, select_draft_vocab, used_ids

@@ -26,7 +26,8 @@ from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import init_draft_params, project_features
 from eagle_jax.errors import EagleError
 from eagle_jax.loading import TargetModel, load_target
-from eagle_jax.train import mesh as mesh_lib
+from eagle_jax import mesh as mesh_lib
+from eagle_jax.model.sharding import fsdp_shardings
 from eagle_jax.train.checkpoint import Checkpointer, abstract_like
 from eagle_jax.train.data import TokenizedSet, batch_indices
 from eagle_jax.train.features import FeatureStore, compute_target_features, unpack
@@ -101,8 +102,8 @@ def make_step_functions(
     abstract_state = jax.eval_shape(init_state, key)
     replicated = mesh_lib.replicated(mesh)
     state_shardings = {
-        "params": mesh_lib.param_shardings(mesh, abstract_state["params"]),
-        "opt_state": mesh_lib.param_shardings(mesh, abstract_state["opt_state"]),
+        "params": fsdp_shardings(mesh, abstract_state["params"]),
+        "opt_state": fsdp_shardings(mesh, abstract_state["opt_state"]),
         "step": replicated,
     }
     batch_shardings = {k: mesh_lib.batch_sharding(mesh) for k in batch_keys}
@@ -160,7 +161,7 @@ def frozen_inputs(
 ) -> tuple[dict, dict, tuple[FeatureStore | None, FeatureStore | None]]:
     """(frozen, its shardings, (train, dev) feature stores): online, the whole target; offline, the
     stores plus only what the step reads of the target (embedding, lm_head)."""
-    target_shardings = mesh_lib.param_shardings(mesh, target.params)
+    target_shardings = fsdp_shardings(mesh, target.params)
     target_params = mesh_lib.place(target.params, target_shardings)
     stores = (None, None)
     if cfg.offline_features:
@@ -180,7 +181,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     eval_hooks run at every dev evaluation and add their results to the dev record (e.g. tau).
     """
     check_out_dir(cfg)
-    mesh = mesh_lib.make_mesh(cfg.fsdp)
+    mesh = mesh_lib.training_mesh(cfg.fsdp)
     mesh_lib.check_batch_size(mesh, cfg.batch_size)
     compute_dtype = jnp.dtype(cfg.dtype)
     target = load_target(cfg.model, dtype=compute_dtype)

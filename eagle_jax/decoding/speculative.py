@@ -20,6 +20,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh
 
 from eagle_jax.decoding.accept import Acceptance, accept_greedy, accept_sampling
 from eagle_jax.decoding.lookup import lookup_proposals
@@ -31,6 +32,7 @@ from eagle_jax.draft.model import draft_forward, draft_layer, draft_readout, dra
 from eagle_jax.errors import EagleError
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.model.kv_cache import KVCache
+from eagle_jax.model.sharding import constrain_caches, over_row_shards
 from eagle_jax.model.transformer import ForwardOutput, causal_mask, forward, lm_head, make_cache
 
 
@@ -61,6 +63,7 @@ class SpecConfig:
     max_new_tokens: int
     cache_len: int
     stop_ids: tuple[int, ...] = ()
+    mesh: Mesh | None = None  # caches split by KV heads over its "model" axis (rows: `over_row_shards`)
 
 
 class DraftState(NamedTuple):
@@ -191,7 +194,7 @@ def speculative_round(models: SpecModels, spec: SpecConfig, state: SpecState) ->
     nodes = draft_phase(models, state, spec.tree, draw)
     verified = verify_phase(models, nodes, state.cache)
     acc = accept_phase(key, nodes, verified.logits, spec)
-    return commit_phase(models, state.replace(rng=rng), nodes, verified, acc, spec)
+    return constrain_caches(spec.mesh, commit_phase(models, state.replace(rng=rng), nodes, verified, acc, spec))
 
 
 def start(models: SpecModels, spec: SpecConfig, prompt_tokens: jax.Array, prompt_lengths: jax.Array, rng: jax.Array) -> SpecState:
@@ -200,23 +203,25 @@ def start(models: SpecModels, spec: SpecConfig, prompt_tokens: jax.Array, prompt
     path_len = spec.tree.max_path
     slack = spec.cache_len + path_len
     dtype = models.params["embed"].dtype
-    out, cache = prefill(models.params, models.cfg, prompt_tokens, prompt_lengths, make_cache(models.cfg, b, slack, dtype), models.dcfg.feature_layers)
+    cache = constrain_caches(spec.mesh, make_cache(models.cfg, b, slack, dtype))
+    out, cache = prefill(models.params, models.cfg, prompt_tokens, prompt_lengths, cache, models.dcfg.feature_layers)
     rng, key = jax.random.split(rng)
     root = sample_tokens(key, lm_head(models.params, last_valid(out.hidden, prompt_lengths)), spec.sampling)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     next_tokens = jnp.concatenate([prompt_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
     next_tokens = jnp.where(positions == prompt_lengths[:, None] - 1, root[:, None], next_tokens)
-    draft = run_draft_context(models, make_draft_cache(models.dcfg, b, slack, dtype), project_features(models.dparams, models.dcfg, out),
+    draft_cache = constrain_caches(spec.mesh, make_draft_cache(models.dcfg, b, slack, dtype))
+    draft = run_draft_context(models, draft_cache, project_features(models.dparams, models.dcfg, out),
                               next_tokens, positions, prompt_lengths, first=True)
     history = None
     if spec.tree.lookup:  # prompt, then generated tokens, the root last; room for a round past the cache
         history = jnp.zeros((b, slack + path_len + 1), jnp.int32).at[:, :p].set(prompt_tokens)
         history = history.at[jnp.arange(b), prompt_lengths].set(root)
-    return SpecState(
+    return constrain_caches(spec.mesh, SpecState(
         cache=cache, draft=draft, root=root, tokens=jnp.full((b, spec.max_new_tokens + path_len), PAD, jnp.int32).at[:, 0].set(root),
         count=jnp.ones((b,), jnp.int32), done=is_stop(root, spec.stop_ids) | (spec.max_new_tokens == 1) | (cache.lengths >= spec.cache_len),
         rng=rng, rounds=jnp.zeros((b,), jnp.int32), histogram=jnp.zeros((b, path_len), jnp.int32), history=history,
-    )
+    ))
 
 
 def generate_spec(
@@ -233,18 +238,25 @@ def generate_spec(
     tree: TreeConfig = TreeConfig(),
     sampling: SamplingConfig = SamplingConfig(),
     stop_ids: tuple[int, ...] = (),
+    mesh: Mesh | None = None,
 ) -> SpecOutput:
     """Speculative decoding with an EAGLE head; output equal (greedy) or equal in law (sampling) to
     `generate_ar` with the same arguments. Pure and traceable: jit it with the keyword arguments,
     cfg and dcfg static (see `generate_spec_jit`), or call it inside your own jitted function.
-    Params laid out by `eagle_jax.backend_layout` run faster on CPU."""
+    Params laid out by `eagle_jax.backend_layout` run faster on CPU. On a `mesh` (params placed by
+    `eagle_jax.model.sharding`), rows split over "data" and the caches also by KV heads over
+    "model"; tree, acceptance and commit stay per row."""
     check_draft(cfg, dcfg, tree, sampling)
     check_prompt_fits(prompt_tokens.shape[1], cache_len)
-    models = SpecModels(params, dparams, cfg, dcfg)
-    spec = SpecConfig(tree, sampling, max_new_tokens, cache_len, stop_ids)
-    state = start(models, spec, prompt_tokens, prompt_lengths, rng)
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), functools.partial(speculative_round, models, spec), state)
-    return SpecOutput(state.tokens[:, :max_new_tokens], state.count, state.rounds, state.histogram)
+    spec = SpecConfig(tree, sampling, max_new_tokens, cache_len, stop_ids, mesh)
+
+    def decode(shared, rows, rng):
+        models = SpecModels(*shared, cfg, dcfg)
+        state = start(models, spec, *rows, rng)
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), functools.partial(speculative_round, models, spec), state)
+        return SpecOutput(state.tokens[:, :max_new_tokens], state.count, state.rounds, state.histogram)
+
+    return over_row_shards(mesh, decode, (params, dparams), (prompt_tokens, prompt_lengths), rng)
 
 
-generate_spec_jit = jax.jit(generate_spec, static_argnames=("cfg", "dcfg", "max_new_tokens", "cache_len", "tree", "sampling", "stop_ids"))
+generate_spec_jit = jax.jit(generate_spec, static_argnames=("cfg", "dcfg", "max_new_tokens", "cache_len", "tree", "sampling", "stop_ids", "mesh"))

@@ -43,7 +43,8 @@ from eagle_jax.infer.engine import Engine
 from eagle_jax.infer.settings import load_tuned_tree
 from eagle_jax.loading import TargetModel, load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
-from eagle_jax.train import mesh as mesh_lib
+from eagle_jax import mesh as mesh_lib
+from eagle_jax.model.sharding import fsdp_shardings
 from eagle_jax.train.data import TokenizedSet, batch_indices
 from eagle_jax.train.metrics import summarize
 from eagle_jax.train.optim import OptimConfig, make_optimizer
@@ -351,8 +352,8 @@ class Training:
         dcfg, initial = load_draft(default_head_dir(DEFAULT_MODEL), target.cfg, dtype=jnp.float32)
         d2t = np.asarray(initial.pop("d2t"))
         dcfg, tcfg = for_training(dcfg), for_training(target.cfg)
-        mesh = mesh_lib.make_mesh(1)
-        frozen_shardings = {"target": mesh_lib.param_shardings(mesh, target.params), "used": mesh_lib.replicated(mesh)}
+        mesh = mesh_lib.training_mesh(1)
+        frozen_shardings = {"target": fsdp_shardings(mesh, target.params), "used": mesh_lib.replicated(mesh)}
         frozen = {"target": mesh_lib.place(target.params, frozen_shardings["target"]), "used": mesh_lib.place(used_ids(d2t), frozen_shardings["used"])}
         objective = Objective(tcfg, dcfg, plan.ttt_steps, target.params["embed"].dtype)
         optimizer = make_optimizer(OptimConfig(plan.lr, total_steps=1, warmup_steps=0, schedule="constant"))
