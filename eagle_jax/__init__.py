@@ -7,10 +7,14 @@ The public API, importable from here (each name is loaded on first use, so that 
     dcfg, dparams = eagle_jax.load_draft(eagle_jax.default_head_dir("smollm2-135m-instruct"), target.cfg)
     out = eagle_jax.generate_spec_jit(target.params, target.cfg, dparams, dcfg, tokens, lengths, rng, ...)
 
-Subpackages: `model` (the target: config, layers, attention, KV cache, transformer), `decoding`
+On a device mesh (docs/mesh.md): `mesh = eagle_jax.make_mesh(eagle_jax.parse_mesh("data=2,model=4"))`,
+params placed with `eagle_jax.place(params, eagle_jax.target_shardings(mesh, cfg, params))`, prompts
+with `eagle_jax.rows_sharding`, and `mesh=mesh` passed to `generate_spec` / `generate_ar`.
+
+Subpackages: `model` (the target: config, layers, attention, KV cache, sharding, transformer), `decoding`
 (plain, tree, lookup, acceptance, sampling, speculative), `draft` (heads and their checkpoints),
 `loading` (targets from built-in names, HF directories and GGUF files), `infer` (engine, CLI,
-benchmark), `train`, `kernels_pallas`.
+benchmark), `train`, `kernels_pallas`; `mesh` (device meshes and placing arrays on them).
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ _EXPORTS = {
     "backend_layout": "eagle_jax.model.cpu_layout",
     "SpecOutput": "eagle_jax.decoding.speculative",
     "Engine": "eagle_jax.infer.engine",
+    "make_mesh": "eagle_jax.mesh",
+    "parse_mesh": "eagle_jax.mesh",
+    "place": "eagle_jax.mesh",
+    "target_shardings": "eagle_jax.model.sharding",
+    "draft_shardings": "eagle_jax.model.sharding",
+    "rows_sharding": "eagle_jax.model.sharding",
 }
 
 __all__ = sorted(_EXPORTS)
