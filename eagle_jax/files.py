@@ -135,3 +135,21 @@ def read_json(path: FilePath, expect: type | None = dict, what: str = "") -> obj
         raise EagleError(f"{label}: expected a JSON {_JSON_NAMES.get(expect, expect.__name__)}, got {_json_name(data)}")
     return data
 
+
+
+def check_output_path(path: FilePath, flag: str, directory: bool = False) -> None:
+    """Refuse (EagleError), before any work, an output path that could not be written when the work
+    is done: an existing directory where a file goes (or a file where a directory goes), a path
+    under a file, or a folder this process may not write in. Creates nothing."""
+    path = os.path.abspath(path)
+    if directory and os.path.exists(path) and not os.path.isdir(path):
+        raise EagleError(f"{flag} {path} is a file; expected a directory (new or existing)")
+    if not directory and os.path.isdir(path):
+        raise EagleError(f"{flag} {path} is a directory; expected the path of a file to write")
+    existing = path if directory and os.path.isdir(path) else os.path.dirname(path)
+    while not os.path.exists(existing):  # the nearest ancestor that exists: the folders below it would be created
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise EagleError(f"{flag} {path}: {existing} is a file, so nothing can be written under it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise EagleError(f"{flag} {path}: no permission to write in {existing}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 
 from eagle_jax.errors import EagleError
@@ -69,9 +70,35 @@ def non_negative_int(text: str) -> int:
 
 def non_negative_float(text: str) -> float:
     value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
     return value
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+MAX_SEED = 2**32 - 1
+
+
+def seed_int(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {text}")
+    return value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are the one `eagle-jax: error: ...` line (exit code 2) that
+    every other error of the command line is, not argparse's usage block."""
+
+    def error(self, message: str):
+        print(f"eagle-jax: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,7 +113,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding, no draft head")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="new tokens per answer at most")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="target-side sampling temperature; 0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="target-side nucleus sampling: keep the smallest set of tokens "
+    p.add_argument("--top-p", type=finite_float, default=1.0, help="target-side nucleus sampling: keep the smallest set of tokens "
                                                              "with this probability mass (1 = off)")
     p.add_argument("--top-k-sampling", type=non_negative_int, default=0, help="target-side top-k sampling (0 = off)")
     tree = p.add_argument_group(
@@ -112,7 +139,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights and activations")
     p.add_argument("--attention", choices=("auto", "xla", "pallas", "pallas_interpret"), default="auto",
                    help="tree attention of the verify step: auto = Pallas on GPU/TPU, XLA on CPU")
-    p.add_argument("--seed", type=int, default=0, help="random seed of sampling")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed of sampling")
     p.add_argument("--mesh", default=None, metavar="data=D,model=M",
                    help="decode on a device mesh: batch rows split over D devices, the model's heads, MLP and vocabulary over M "
                         "(tensor parallel); either axis may be left out (size 1); default: one device")

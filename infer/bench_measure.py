@@ -43,7 +43,7 @@ class PromptRecord:
 
 
 def merge(results: list[RunResult]) -> RunResult:
-    """Runs concatenated row-wise: tokens, rounds and histogram rows appended, times summed."""
+    """Runs concatenated row-wise: tokens, rounds, histogram rows and finish reasons appended, times summed."""
     histograms = [r.accept_histogram for r in results if r.accept_histogram.size]
     return RunResult(
         tokens=[row for r in results for row in r.tokens],
@@ -51,6 +51,7 @@ def merge(results: list[RunResult]) -> RunResult:
         compile_s=sum(r.compile_s for r in results),
         rounds=[n for r in results for n in r.rounds],
         accept_histogram=np.concatenate(histograms) if histograms else np.zeros((0, 0), np.int32),
+        finish_reasons=[reason for r in results for reason in r.finish_reasons],
     )
 
 

@@ -84,13 +84,15 @@ def summarize(records: list[PromptRecord]) -> dict:
 
 
 def per_prompt(records: list[PromptRecord]) -> list[dict]:
-    """One row per prompt: its id, category, input sizes, answers (speculative, else plain) and numbers."""
+    """One row per prompt: its id, category, input sizes, answers (speculative, else plain), why each
+    turn's answer ended, and numbers."""
     return [
         {
             "question_id": rec.prompt.question_id,
             "category": rec.prompt.category,
             "prompt_tokens": (rec.spec or rec.plain).prompt_tokens,
             "answers": (rec.spec or rec.plain).answers,
+            "finish_reasons": [r.finish_reasons[0] for r in (rec.spec or rec.plain).results],  # per turn
             **summarize([rec]),
         }
         for rec in records

@@ -10,7 +10,7 @@ import sys
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from eagle_jax.errors import EagleError  # noqa: E402
-from eagle_jax.infer.arguments import HelpFormatter, add_model_arguments, build_engine  # noqa: E402
+from eagle_jax.infer.arguments import HelpFormatter, OneLineParser, add_model_arguments, build_engine  # noqa: E402
 
 # What the tokens/s that generate prints is, so that nobody takes it for a benchmark. The one run is
 # its program's first call, which on XLA:CPU takes about 0.3 s longer than the next (SmolLM2, 2-core
@@ -42,6 +42,7 @@ def cmd_generate(args) -> int:
         "wall_s": result.wall_s,
         "compile_s": result.compile_s,
         "mode": "plain" if tree is None else "speculative",
+        "finish_reason": result.finish_reasons[0],
         "tokens": result.tokens[0],
         "mesh": describe(engine.mesh),
     }
@@ -49,6 +50,9 @@ def cmd_generate(args) -> int:
         report.update(tau=result.tau, rounds=sum(result.rounds), tree=tree_fields(tree))
     elif choice.why_plain(1):
         report["why_plain"] = choice.why_plain(1)
+    if report["finish_reason"] == "cache_full":
+        print(f"eagle-jax: warning: the answer stopped after {n} of at most {engine.max_new_tokens} tokens because the KV cache "
+              f"({engine.cache_len} slots, prompt included) is full; give a larger --cache-len", file=sys.stderr)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -63,7 +67,7 @@ def cmd_generate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eagle-jax", description="EAGLE speculative decoding in JAX")
+    parser = OneLineParser(prog="eagle-jax", description="EAGLE speculative decoding in JAX")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate an answer to one prompt", formatter_class=HelpFormatter,
                          description="Generate an answer to one prompt. The tokens/s it prints come from that one run; "

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.decoding.plain import generate_ar_jit
-from eagle_jax.decoding.prompts import PAD, check_prompt_fits, pad_prompts
+from eagle_jax.decoding.prompts import FINISH_REASONS, PAD, check_prompt_fits, pad_prompts
 from eagle_jax.loading import TargetModel
 from eagle_jax.mesh import place, replicated, row_count, to_host
 from eagle_jax.model.sharding import check_model_axis, draft_shardings, model_size, rows_sharding, target_shardings
@@ -43,6 +43,7 @@ class RunResult:
     compile_s: float  # 0 when the shape bucket was already compiled
     rounds: list[int]  # speculative rounds per row (0 for plain decoding)
     accept_histogram: np.ndarray  # (B, tree.max_path) rounds by accepted draft tokens; empty for plain
+    finish_reasons: list[str]  # why each row ended: "stop", "max_new_tokens" or "cache_full" (FINISH_REASONS)
 
     @property
     def new_tokens(self) -> int:
@@ -150,12 +151,14 @@ class Engine:
         out = jax.block_until_ready(executable(*self._arguments(tree is not None), *inputs))
         wall = time.perf_counter() - start
         speculative = tree is not None
-        out_tokens, counts, *spec = to_host((out.tokens, out.num_tokens) + ((out.rounds, out.accept_histogram) if speculative else ()))
+        out_tokens, counts, reasons, *spec = to_host((out.tokens, out.num_tokens, out.finish_reason)
+                                                     + ((out.rounds, out.accept_histogram) if speculative else ()))
         rows = [out_tokens[i, : counts[i]].tolist() for i in range(n)]
         assert all(PAD not in r for r in rows)
+        finished = [FINISH_REASONS[r] for r in reasons[:n]]
         if speculative:
-            return RunResult(rows, wall, compile_s, spec[0][:n].tolist(), spec[1][:n])
-        return RunResult(rows, wall, compile_s, [0] * n, np.zeros((n, 0), np.int32))
+            return RunResult(rows, wall, compile_s, spec[0][:n].tolist(), spec[1][:n], finished)
+        return RunResult(rows, wall, compile_s, [0] * n, np.zeros((n, 0), np.int32), finished)
 
     def compile(self, tree: TreeConfig | None, batch: int, width: int) -> float:
         """Compile ahead of time what `run` uses for `batch` prompts padded to `width` tokens;

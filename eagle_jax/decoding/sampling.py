@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +18,10 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise EagleError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        # nan passes every comparison below as False, and inf divides every logit to 0 (a uniform draw)
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise EagleError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:  # false for nan
             raise EagleError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise EagleError(f"top_k must be >= 0, got {self.top_k}")

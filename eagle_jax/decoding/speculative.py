@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from eagle_jax.decoding.accept import Acceptance, accept_greedy, accept_sampling
 from eagle_jax.decoding.lookup import lookup_proposals
-from eagle_jax.decoding.prompts import PAD, check_prompt_fits, is_stop, last_valid, prefill
+from eagle_jax.decoding.prompts import PAD, check_prompt_fits, finish_reasons, is_stop, last_valid, prefill
 from eagle_jax.decoding.sampling import SamplingConfig, sample_tokens
 from eagle_jax.decoding.tree import Draw, DraftTree, TreeConfig, expand_tree
 from eagle_jax.draft.config import DraftConfig
@@ -41,6 +41,7 @@ class SpecOutput(NamedTuple):
     num_tokens: jax.Array  # (B,) int32 generated tokens per row (a stop token included)
     rounds: jax.Array  # (B,) int32 draft/verify rounds each row took part in
     accept_histogram: jax.Array  # (B, tree.max_path) rounds that accepted 0, 1, ... draft tokens
+    finish_reason: jax.Array  # (B,) int32 why each row ended, an index into FINISH_REASONS (stop, max_new_tokens, cache_full)
 
 
 @struct.dataclass
@@ -254,7 +255,8 @@ def generate_spec(
         models = SpecModels(*shared, cfg, dcfg)
         state = start(models, spec, *rows, rng)
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), functools.partial(speculative_round, models, spec), state)
-        return SpecOutput(state.tokens[:, :max_new_tokens], state.count, state.rounds, state.histogram)
+        tokens = state.tokens[:, :max_new_tokens]
+        return SpecOutput(tokens, state.count, state.rounds, state.histogram, finish_reasons(tokens, state.count, max_new_tokens, stop_ids))
 
     return over_row_shards(mesh, decode, (params, dparams), (prompt_tokens, prompt_lengths), rng)
 

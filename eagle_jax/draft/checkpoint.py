@@ -467,6 +467,11 @@ def _params_from_tensors(tensors: dict, dcfg: DraftConfig, qk_norm: bool, dtype,
     if unexpected:
         raise EagleError(f"{where}: unexpected weight(s) {', '.join(unexpected)} for an {dcfg.kind} head with this config")
     missing = [name for name in shapes if name not in tensors]
+    if "embed_tokens.weight" in missing and dcfg.hidden_size != dcfg.target_hidden_size:
+        widths = f"; its norm.weight is {tuple(tensors['norm.weight'].shape)}" if "norm.weight" in tensors else ""
+        raise EagleError(f"{where}: head hidden size {dcfg.hidden_size} (config hidden_size) differs from the target's "
+                         f"{dcfg.target_hidden_size} (target_hidden_size){widths}; a head narrower than its target needs an "
+                         "embed_tokens.weight of its own, which this one lacks")
     if missing:
         raise EagleError(f"{where}: missing weight(s) {', '.join(missing)} for an {dcfg.kind} head with this config")
     params, fc_norm = {"layer": {}}, []

@@ -37,10 +37,21 @@ def rope_from_hf(config: dict) -> RopeConfig:
     )
 
 
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
 def config_from_hf(config: dict, source: str) -> ModelConfig:
-    arch = (config.get("architectures") or ["?"])[0]
+    supported = ", ".join(ARCHITECTURES)
+    architectures = config.get("architectures")
+    if not architectures or not isinstance(architectures, list):
+        raise EagleError(f"{source}: config.json names no architecture (expected \"architectures\": [NAME] with one of {supported})")
+    arch = architectures[0]
     if arch not in ARCHITECTURES:
-        raise EagleError(f"{source}: unsupported architecture {arch}; supported: {', '.join(ARCHITECTURES)}")
+        raise EagleError(f"{source}: unsupported architecture {arch}; supported: {supported}")
+    missing = [key for key in REQUIRED_KEYS if not isinstance(config.get(key), int) or isinstance(config.get(key), bool)
+               or config[key] < 1]
+    if missing:
+        raise EagleError(f"{source}: config.json lacks a positive integer {missing[0]!r}, which a {arch} config must give")
     family = ARCHITECTURES[arch]
     heads = config["num_attention_heads"]
     window = config.get("sliding_window")

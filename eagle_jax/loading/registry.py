@@ -73,7 +73,9 @@ def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bo
     path = resolve_model_path(name)
     if os.path.isdir(path):
         cfg, params = load_hf_directory(path, dtype)
-        return TargetModel(cfg, params, tokenizer_from_directory(path) if with_tokenizer else None, path)
+        tokenizer = tokenizer_from_directory(path) if with_tokenizer else None
+        check_tokenizer(tokenizer, cfg, path)
+        return TargetModel(cfg, params, tokenizer, path)
     converted = load_converted(path)
     if converted is None:
         cfg, params = load_gguf(path, jnp.float32)
@@ -82,4 +84,14 @@ def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bo
     else:
         cfg, params, tokenizer = converted
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+    check_tokenizer(tokenizer, cfg, path)
     return TargetModel(cfg, params, tokenizer if with_tokenizer else None, path)
+
+
+def check_tokenizer(tokenizer, cfg: ModelConfig, source: str) -> None:
+    """Refuse (EagleError) a tokenizer with more ids than the model has logits: its ids past the
+    vocabulary would be fed to an embedding that has no row for them (XLA clamps the index, so
+    the answer would be garbage, not an error). Fewer ids is common (a vocabulary padded for speed)."""
+    if tokenizer is not None and len(tokenizer) > cfg.vocab_size:
+        raise EagleError(f"{source}: the tokenizer has {len(tokenizer)} token ids but the model's vocabulary only {cfg.vocab_size}: "
+                         "tokenizer and weights do not belong together")

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from eagle_jax.draft.checkpoint import export_draft, load_draft
 from eagle_jax.errors import EagleError
-from eagle_jax.files import write_directory_atomic
+from eagle_jax.files import check_output_path, write_directory_atomic
 
 SETTINGS_FILES = ("tree.json", "tree_sampled.json", "batch_policy.json")  # infer/settings.py's files
 
@@ -49,6 +49,7 @@ def main() -> None:
     if os.path.exists(args.out):
         raise SystemExit(f"cast_head: error: {args.out} exists; give a new directory")
     try:
+        check_output_path(args.out, "--out", directory=True)
         cast(args.head, args.out, args.dtype)
     except EagleError as e:
         raise SystemExit(f"cast_head: error: {e}") from None
