@@ -1,5 +1,5 @@
 """Files written atomically (a reader sees the old file or the whole new one, never a part) and
-JSON read with one-line errors. Every writer and JSON reader of eagle-jax goes through here.
+JSON and .npz files read with one-line errors. Every writer and reader of such files of eagle-jax goes through here.
 
 Only the standard library is imported at module level (numpy when an .npz is written): scripts that
 run in a venv without JAX import this module from the source tree."""
@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import time
 import uuid
 from typing import Callable, Iterator
 
@@ -28,9 +30,33 @@ def fsync_path(path: FilePath) -> None:
 
 
 def _hidden_sibling(path: str, label: str) -> str:
-    """A fresh name beside `path`, hidden, that says whose it is and what it is."""
+    """A fresh name beside `path`, hidden, that says whose it is and what it is (LEFTOVER matches it)."""
     directory, name = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".{name}.{label}-{uuid.uuid4().hex[:12]}")
+
+
+LEFTOVER = re.compile(r"\.(.+)\.(partial|old)-[0-9a-f]{12}(\.\w+)?")
+
+
+def remove_leftovers(directory: FilePath, of: str | None = None, min_age_s: float = 0.0) -> list[str]:
+    """Remove from `directory` what atomic writes killed halfway (kill -9, a power cut) left there:
+    their hidden staging files and directories, and moved-aside old copies (only those of the entry
+    named `of`, if given), modified at least `min_age_s` seconds ago (an age that no live writer of
+    a directory others share reaches). Returns the names removed."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(directory):
+            match = LEFTOVER.fullmatch(entry.name)
+            if not match or (of is not None and match.group(1) != of):
+                continue
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime >= min_age_s:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                removed.append(entry.name)
+    return sorted(removed)
 
 
 @contextlib.contextmanager
@@ -74,6 +100,25 @@ def savez_atomic(path: FilePath, compressed: bool = False, **arrays) -> None:
 
     with atomic_path(path, suffix=".npz") as tmp:
         (np.savez_compressed if compressed else np.savez)(tmp, **arrays)
+
+
+def read_npz(path: FilePath, names: tuple[str, ...], what: str, remedy: str = "") -> dict:
+    """The arrays `names` of the .npz file `path`, read whole; a missing, truncated or garbled file,
+    or one without those arrays, is one EagleError line naming the file, `what` it holds and the
+    `remedy` (a sentence) if one is given."""
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    label = f"{path} ({what})"
+    try:
+        with np.load(path) as f:
+            return {name: np.asarray(f[name]) for name in names}
+    except FileNotFoundError:
+        raise EagleError(f"{label}: no such file") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise EagleError(f"{label}: cannot read it ({e}){'; ' + remedy if remedy else ''}") from None
 
 
 def write_directory_atomic(directory: FilePath, fill: Callable[[str], None], replace: bool = True) -> None:

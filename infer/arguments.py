@@ -82,6 +82,16 @@ def finite_float(text: str) -> float:
     return value
 
 
+def utf8_text(text: str) -> str:
+    """Text of the command line; bytes that are not UTF-8 arrive as lone surrogates, which no
+    tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(f"expected UTF-8 text, got bytes that are not (at character {e.start + 1})") from None
+    return text
+
+
 MAX_SEED = 2**32 - 1
 
 

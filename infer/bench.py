@@ -31,7 +31,7 @@ import jax
 
 from eagle_jax.decoding.tree import TreeConfig
 from eagle_jax.errors import EagleError
-from eagle_jax.files import check_output_path, write_json_atomic
+from eagle_jax.files import check_output_path, remove_leftovers, write_json_atomic
 from eagle_jax.infer.arguments import build_engine, require_extra
 from eagle_jax.infer.bench_measure import PromptRecord, fill_batches, measure_batches, measure_prompts
 from eagle_jax.infer.bench_policy import auto_tune_trees, draft_directory, parse_int_list, parse_sweep, parse_trees, sweep_trees
@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(args.out, "--out")
     if args.plots:
         check_output_path(args.plots, "--plots", directory=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        remove_leftovers(args.plots)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    remove_leftovers(out_dir, of=os.path.basename(args.out))
 
     engine, choice = build_engine(argparse.Namespace(**{**vars(args), "no_spec": ar_only}))
     # every tree is measured as given: a saved setting that turns speculation off must not apply here

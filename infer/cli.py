@@ -9,8 +9,8 @@ import sys
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from eagle_jax.errors import EagleError  # noqa: E402
-from eagle_jax.infer.arguments import HelpFormatter, OneLineParser, add_model_arguments, build_engine  # noqa: E402
+from eagle_jax.errors import EagleError, warn  # noqa: E402
+from eagle_jax.infer.arguments import HelpFormatter, OneLineParser, add_model_arguments, build_engine, utf8_text  # noqa: E402
 
 # What the tokens/s that generate prints is, so that nobody takes it for a benchmark. The one run is
 # its program's first call, which on XLA:CPU takes about 0.3 s longer than the next (SmolLM2, 2-core
@@ -51,8 +51,8 @@ def cmd_generate(args) -> int:
     elif choice.why_plain(1):
         report["why_plain"] = choice.why_plain(1)
     if report["finish_reason"] == "cache_full":
-        print(f"eagle-jax: warning: the answer stopped after {n} of at most {engine.max_new_tokens} tokens because the KV cache "
-              f"({engine.cache_len} slots, prompt included) is full; give a larger --cache-len", file=sys.stderr)
+        warn(f"the answer stopped after {n} of at most {engine.max_new_tokens} tokens because the KV cache "
+             f"({engine.cache_len} slots, prompt included) is full; give a larger --cache-len")
     if args.json:
         print(json.dumps(report))
         return 0
@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate an answer to one prompt", formatter_class=HelpFormatter,
                          description="Generate an answer to one prompt. The tokens/s it prints come from that one run; "
                                      "eagle-jax bench measures speed and speedup.")
-    gen.add_argument("--prompt", required=True, help="the user message (or the raw text, with --raw)")
-    gen.add_argument("--system", default=None, help="system prompt (default: the chat template's)")
+    gen.add_argument("--prompt", required=True, type=utf8_text, help="the user message (or the raw text, with --raw)")
+    gen.add_argument("--system", default=None, type=utf8_text, help="system prompt (default: the chat template's)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--no-estimate", action="store_true",

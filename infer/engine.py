@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
 from typing import NamedTuple
 
@@ -54,6 +55,18 @@ class RunResult:
         """Mean tokens per round (accepted + 1): the first token, from prefill, is not a round's."""
         rounds = sum(self.rounds)
         return (self.new_tokens - len(self.tokens)) / rounds if rounds else float("nan")
+
+
+def device_memory(device) -> int:
+    """Bytes of memory `device` has: its allocator's limit on an accelerator, the host's RAM on a CPU."""
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _bytes_on_one_device(x) -> int:
+    return x.addressable_shards[0].data.nbytes if isinstance(x, jax.Array) else x.nbytes
 
 
 class LaidOutParams(NamedTuple):
@@ -138,7 +151,7 @@ class Engine:
         prompt, whose answers are dropped."""
         n = len(prompts)
         tokens, lengths = pad_prompts(self._fill_rows(prompts), multiple=pad_to)
-        cache_len = self._cache_len(tokens.shape[1])
+        cache_len = self._cache_len(tokens.shape[1], int(lengths.max()))
         check_prompt_fits(int(lengths.max()), cache_len)
         if tokens.shape[1] >= cache_len:  # the padding bucket would not fit: pad to the longest prompt
             tokens, lengths = pad_prompts(self._fill_rows(prompts), multiple=1)
@@ -163,7 +176,7 @@ class Engine:
     def compile(self, tree: TreeConfig | None, batch: int, width: int) -> float:
         """Compile ahead of time what `run` uses for `batch` prompts padded to `width` tokens;
         returns the seconds it took (0 when it was compiled already)."""
-        return self._compile(tree, (len(self._fill_rows([[0]] * batch)), width), self._cache_len(width))
+        return self._compile(tree, (len(self._fill_rows([[0]] * batch)), width), self._cache_len(width, width))
 
     def _fill_rows(self, prompts: list[list[int]]) -> list[list[int]]:
         """The prompts and, on a mesh, copies of the first up to a multiple of its data axis."""
@@ -174,8 +187,44 @@ class Engine:
         """Of prompt tokens (B, P), lengths (B,) and the key's data (2,): rows split over "data"."""
         return rows_sharding(self.mesh, 2), rows_sharding(self.mesh, 1), replicated(self.mesh)
 
-    def _cache_len(self, width: int) -> int:
-        return self.cache_len or -(-(width + self.max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
+    def _cache_len(self, width: int, longest: int) -> int:
+        """Cache slots per row for prompts padded to `width` whose longest has `longest` tokens:
+        `cache_len`, or the smallest bucket that holds `width` and max_new_tokens, within the
+        model's positions. EagleError when prompt and answer cannot fit those positions."""
+        limit = self.target.cfg.max_position
+        where = f"the model's {limit} positions (max_position_embeddings)"
+        if longest >= limit:
+            raise EagleError(f"a prompt of {longest} tokens does not fit {where}; shorten it")
+        if self.cache_len is not None:
+            if self.cache_len > limit:
+                raise EagleError(f"--cache-len {self.cache_len} exceeds {where}; give at most {limit}")
+            return self.cache_len
+        if longest + self.max_new_tokens > limit:
+            raise EagleError(f"--max-new-tokens {self.max_new_tokens} after a prompt of {longest} tokens needs "
+                             f"{longest + self.max_new_tokens} positions, more than {where}; give at most {limit - longest}")
+        return min(-(-(width + self.max_new_tokens) // CACHE_BUCKET) * CACHE_BUCKET, limit)
+
+    def _check_memory(self, tree: TreeConfig | None, batch: int, cache_len: int) -> None:
+        """Refuse (EagleError), before compiling, caches that with the weights cannot fit one
+        device's memory. An estimate from below: activations come on top."""
+        cfg = self.target.cfg
+        slots = cache_len + (tree.max_path if tree is not None else 0)
+        per_slot = cfg.num_layers * cfg.num_kv_heads * cfg.head_dim  # K or V entries of one row's slot
+        if tree is not None:  # the draft head's one-layer cache
+            per_slot += self.draft[0].num_kv_heads * self.draft[0].head_dim
+        ways = 1
+        if self.mesh is not None:  # rows over "data", KV heads over "model" where it divides them
+            ways = row_count(self.mesh) * (model_size(self.mesh) if cfg.num_kv_heads % model_size(self.mesh) == 0 else 1)
+        itemsize = np.dtype(self.laid_out.params["embed"].dtype).itemsize
+        cache = 2 * batch * slots * per_slot * itemsize // ways
+        weights = sum(_bytes_on_one_device(x) for x in jax.tree.leaves((self.laid_out.params, self.laid_out.dparams)))
+        memory = device_memory(jax.local_devices()[0])
+        if cache + weights > memory:
+            gib = 2**30
+            raise EagleError(
+                f"the KV caches of {batch} row{'s' if batch > 1 else ''} x {slots} slots need {cache / gib:.1f} GiB per device and the weights "
+                f"{weights / gib:.1f} GiB, more than the {memory / gib:.1f} GiB a device has; lower --max-new-tokens "
+                "(or --cache-len) or --batch-size")
 
     def _compile(self, tree: TreeConfig | None, shape: tuple[int, int], cache_len: int) -> float:
         key = (tree, shape, cache_len)
@@ -184,6 +233,7 @@ class Engine:
             return 0.0
         if tree is not None:
             self.check_tree(tree)
+        self._check_memory(tree, shape[0], cache_len)
         while len(self._compiled) >= MAX_COMPILED:
             self._compiled.popitem(last=False)
         start = time.perf_counter()

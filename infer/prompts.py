@@ -49,8 +49,12 @@ def load_prompts(path: str) -> list[Prompt]:
     if not os.path.isfile(path):
         raise EagleError(f"prompt file {path} does not exist")
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise EagleError(f"{path}:{number}: not UTF-8 text ({e.reason}: byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if line.strip():
                 prompts.append(_parse_prompt(line, f"{path}:{number}"))
     if not prompts:

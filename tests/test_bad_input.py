@@ -71,6 +71,39 @@ def test_every_answer_says_why_it_ended_and_a_full_cache_warns(capsys, tiny_mode
     assert err.count(f"eagle-jax: warning: the answer stopped after 4 of at most 8 tokens because the KV cache ({prompt_tokens + 3} slots") == 1
 
 
+def with_positions(tiny_model: str, tmp_path, positions: int) -> str:
+    """A copy of the tiny model whose config declares `positions` maximum positions."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
+    return str(model)
+
+
+def test_prompt_and_answer_are_checked_against_the_model_positions(capsys, tiny_model, tmp_path):
+    code, _, err = generate(capsys, tiny_model, "--max-new-tokens", str(10**9))
+    assert_one_line_error(code, err, f"--max-new-tokens {10**9} after a prompt of ")
+    assert "more than the model's 8192 positions (max_position_embeddings); give at most 81" in err
+    code, _, err = generate(capsys, tiny_model, "--cache-len", "100000")
+    assert_one_line_error(code, err, "--cache-len 100000 exceeds the model's 8192 positions (max_position_embeddings); give at most 8192")
+    short = with_positions(tiny_model, tmp_path, 8)
+    code, _, err = generate(capsys, short, "--cache-len", "8")
+    assert_one_line_error(code, err, "tokens does not fit the model's 8 positions (max_position_embeddings); shorten it")
+
+
+def test_caches_larger_than_the_device_memory_are_refused_before_compiling(capsys, tiny_model, tmp_path, monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("caches that cannot fit must be refused before compiling")
+
+    monkeypatch.setattr("eagle_jax.infer.engine.Engine._lower", no_compile)
+    vast = with_positions(tiny_model, tmp_path, 2**31 - 1)  # 6 layers x 2 KV heads x 8 dims: 768 bytes a slot
+    code, _, err = generate(capsys, vast, "--max-new-tokens", str(10**9))
+    assert_one_line_error(code, err, "the KV caches of 1 row x 1000000256 slots need 715.3 GiB per device and the weights 0.0 GiB, more than the ")
+    assert "lower --max-new-tokens (or --cache-len) or --batch-size" in err
+
+
 def test_a_flag_error_is_one_line_not_a_usage_block(capsys, tiny_model):
     for flags in (["--max-new-tokens", "0"], ["--max-new-tokens", "x"], ["--no-such-flag"], ["--tree-scoring", "best"]):
         code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *flags)
@@ -78,6 +111,30 @@ def test_a_flag_error_is_one_line_not_a_usage_block(capsys, tiny_model):
         assert "usage:" not in err
     code, _, err = run_cli(capsys, "generate")
     assert_one_line_error(code, err, "--prompt")
+
+
+def test_invalid_utf8_on_the_command_line_is_one_line(capsys, tiny_model):
+    not_utf8 = b"w1 \xff\xfe w2".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
+    for flag in ("--prompt", "--system"):
+        argv = ["generate", "--model", tiny_model, "--no-spec", "--prompt", PROMPT, flag, not_utf8]
+        code, _, err = run_cli(capsys, *argv)
+        assert_one_line_error(code, err, f"argument {flag}: expected UTF-8 text, got bytes that are not (at character 4)")
+
+
+def test_invalid_utf8_in_a_prompt_file_names_the_line(capsys, tiny_model, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    good = json.dumps({"question_id": 1, "category": "c", "turns": ["hi"]}).encode()
+    prompts.write_bytes(good + b"\n" + good.replace(b"hi", b"h\xffi") + b"\n")
+    code, _, err = run_cli(capsys, "bench", "--model", tiny_model, "--prompts", str(prompts), "--out", str(tmp_path / "o.json"))
+    column = good.index(b"hi") + 2  # 1-based, of the byte after "h"
+    assert_one_line_error(code, err, f"{prompts}:2: not UTF-8 text (invalid start byte: byte 0xff at column {column})")
+
+
+def test_invalid_utf8_in_training_data_is_one_line(capsys, tiny_model, tmp_path):
+    data = tmp_path / "convs.json"
+    data.write_bytes(b'[{"conversations": [{"from": "human", "value": "w1 \xff"}]}]')
+    code, _, err = run_cli(capsys, "train", "--model", tiny_model, "--data", str(data), "--out", str(tmp_path / "run"))
+    assert_one_line_error(code, err, f"{data} is not UTF-8 text (invalid start byte: byte 0xff)")
 
 
 @pytest.mark.parametrize("seed", [str(10**23), "-1"])
@@ -164,3 +221,109 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, monkeypatch)
     for out, says in [(a_file, "is a file; expected a directory"), (a_file / "run", "is a file, so nothing can be written")]:
         code, _, err = run_cli(capsys, "train", "--model", "m", "--data", str(prompts), "--out", str(out))
         assert_one_line_error(code, err, says)
+
+
+# --- a damaged training run on --resume ---
+
+SAVING = ("--max-steps", "6", "--save-every", "2", "--keep", "3", "--eval-every", "6")
+
+
+@pytest.fixture(scope="module")
+def saved_run(tiny_model, tmp_path_factory):
+    """A finished 6-step run with checkpoints 2, 4 and 6, and the data it trained on."""
+    from test_train_support import tiny_run_args, write_conversations
+
+    root = tmp_path_factory.mktemp("saved-run")
+    data = write_conversations(str(root / "convs.json"), 60)
+    out = str(root / "run")
+    assert main(["train", *tiny_run_args(tiny_model, data, out, *SAVING)]) == 0
+    return data, out
+
+
+def damaged_copy(tiny_model, saved_run, tmp_path) -> tuple[list[str], str]:
+    """A copy of the saved run and the arguments that resume it."""
+    import shutil
+
+    from test_train_support import tiny_run_args
+
+    data, out = saved_run
+    copy = str(tmp_path / "run")
+    shutil.copytree(out, copy)
+    return ["train", *tiny_run_args(tiny_model, data, copy, *SAVING, "--resume")], copy
+
+
+def truncate_arrays(checkpoint) -> None:
+    for f in checkpoint.glob("state/**/d/*"):
+        f.write_bytes(f.read_bytes()[:10])
+
+
+def test_resume_skips_damaged_checkpoints_to_the_newest_that_restores(capsys, tiny_model, saved_run, tmp_path):
+    import pathlib
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from test_train_support import read_metrics
+
+    args, copy = damaged_copy(tiny_model, saved_run, tmp_path)
+    checkpoints = pathlib.Path(copy) / "checkpoints"
+    truncate_arrays(checkpoints / "6")  # a truncated array file
+    (checkpoints / "4" / "meta" / "metadata").write_text("{garbled")  # garbled metadata
+    capsys.readouterr()
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "resumed from step 2 of 6" in out
+    warnings = [line for line in err.splitlines() if line.strip()]
+    assert len(warnings) == 2 and all(w.startswith("eagle-jax: warning: checkpoint ") and "skipping it" in w for w in warnings), err
+    assert "checkpoint 6 in" in warnings[0] and "checkpoint 4 in" in warnings[1]
+    dev = [r for r in read_metrics(copy) if r["split"] == "dev" and r["step"] == 6]
+    assert dev == [r for r in read_metrics(saved_run[1]) if r["split"] == "dev" and r["step"] == 6]  # the uninterrupted result
+    head, resumed = load_file(f"{saved_run[1]}/draft/model.safetensors"), load_file(f"{copy}/draft/model.safetensors")
+    assert head.keys() == resumed.keys() and all(np.array_equal(head[k], resumed[k]) for k in head)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["2", "4", "6"]  # the damaged ones were saved again
+
+
+def test_resume_where_no_checkpoint_restores_is_one_line(capsys, tiny_model, saved_run, tmp_path):
+    import pathlib
+
+    args, copy = damaged_copy(tiny_model, saved_run, tmp_path)
+    for step in ("2", "4", "6"):
+        truncate_arrays(pathlib.Path(copy) / "checkpoints" / step)
+    capsys.readouterr()
+    code = main(args)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eagle-jax: error:")]
+    assert code == 2 and len(err) == 1 and "no checkpoint in" in err[0] and "restores (the newest, 6:" in err[0]
+    assert sorted(p.name for p in (pathlib.Path(copy) / "checkpoints").iterdir()) == ["2", "4", "6"]  # nothing deleted
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda run: (run / "train_config.json").write_text('{"model": '), "train_config.json (the settings of a training run): cannot read it as JSON"),
+    (lambda run: (run / "train_config.json").write_text("[]"), "expected a JSON object, got array"),
+    (lambda run: (run / "data" / "train.npz").write_bytes((run / "data" / "train.npz").read_bytes()[:100]),
+     "train.npz (a tokenized training set): cannot read it"),
+    (lambda run: (run / "vocab.npz").write_bytes(b"PK\x03\x04garbage"), "vocab.npz (a draft vocabulary): cannot read it"),
+])
+def test_a_damaged_run_file_on_resume_is_one_line(capsys, tiny_model, saved_run, tmp_path, damage, says):
+    import pathlib
+
+    args, copy = damaged_copy(tiny_model, saved_run, tmp_path)
+    damage(pathlib.Path(copy))
+    capsys.readouterr()
+    code = main(args)
+    assert_one_line_error(code, capsys.readouterr().err, says)
+
+
+def test_what_a_killed_export_left_is_removed_at_the_next_start(capsys, tiny_model, saved_run, tmp_path):
+    import pathlib
+
+    args, copy = damaged_copy(tiny_model, saved_run, tmp_path)
+    run = pathlib.Path(copy)
+    litter = [run / ".draft.partial-0123456789ab", run / "data" / ".train.npz.partial-0123456789ab.npz"]
+    litter[0].mkdir()
+    (litter[0] / "model.safetensors").write_bytes(b"\0" * 1000)
+    litter[1].write_bytes(b"PK")
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"removed what an interrupted write left behind: {litter[0]}, {litter[1]}" in out
+    assert not any(p.exists() for p in litter) and (run / "draft" / "model.safetensors").exists()

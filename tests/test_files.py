@@ -193,3 +193,24 @@ def test_read_json_errors_are_one_line_naming_the_file(tmp_path):
     assert "expected a JSON object, got array" in read_error(tmp_path / "list.json")
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe{}")
     assert "cannot read it as JSON" in read_error(tmp_path / "binary.json")
+
+
+def test_leftovers_of_interrupted_writes_are_removed_and_nothing_else(tmp_path, monkeypatch):
+    def interrupted(directory):  # what a kill -9 leaves: the staging names of atomic_path and write_directory_atomic
+        paths = {}
+        for label, make in (("partial", os.mkdir), ("old", os.mkdir)):
+            paths[label] = files._hidden_sibling(str(tmp_path / directory), label)
+            make(paths[label])
+        file_staging = files._hidden_sibling(str(tmp_path / "o.json"), "partial") + ".tmp"
+        open(file_staging, "w").close()
+        return [os.path.basename(p) for p in (*paths.values(), file_staging)]
+
+    draft = interrupted("draft")
+    kept = [".hidden", ".draft.partial-notahexname", "draft", ".o.json.partial-0123456789ab.tmp.bak"]
+    for name in kept:
+        (tmp_path / name).mkdir()
+    assert files.remove_leftovers(tmp_path, of="o.json") == [draft[2]]
+    assert files.remove_leftovers(tmp_path, min_age_s=3600) == []  # too young: perhaps a live writer's
+    assert files.remove_leftovers(tmp_path) == sorted(draft[:2])
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    assert files.remove_leftovers(tmp_path / "missing") == []

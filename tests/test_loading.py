@@ -27,6 +27,36 @@ def test_converted_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2_target):
     assert second.tokenizer.chat_template == smollm2_target.tokenizer.chat_template
 
 
+def flip_last_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", [
+    lambda entry: (entry / "params.safetensors").write_bytes((entry / "params.safetensors").read_bytes()[:1000]),  # truncated
+    lambda entry: flip_last_byte(entry / "tokenizer" / "tokenizer.json"),  # same size, other bytes
+    lambda entry: (entry / "checksums.json").unlink(),  # an entry without checksums
+])
+def test_a_damaged_converted_cache_is_removed_and_rebuilt_with_a_warning(tmp_path, monkeypatch, capsys, smollm2_target, damage):
+    import pathlib
+
+    monkeypatch.setenv("EAGLE_JAX_CACHE", str(tmp_path))
+    load_target("smollm2-135m-instruct")
+    (entry,) = (pathlib.Path(tmp_path) / "converted").iterdir()
+    damage(entry)
+    capsys.readouterr()
+    healed = load_target("smollm2-135m-instruct")
+    err = capsys.readouterr().err
+    assert err.count(f"eagle-jax: warning: the converted-model cache {entry} is damaged (") == 1, err
+    assert "removing it and converting" in err
+    jax.tree.map(np.testing.assert_array_equal, healed.params, smollm2_target.params)
+    assert [e.name for e in entry.parent.iterdir()] == [entry.name]  # rebuilt in place
+    load_target("smollm2-135m-instruct")
+    assert capsys.readouterr().err == ""  # and read back without a word
+
+
 def test_unpermute_inverts_llama_cpp_rotary_permutation():
     heads, head_dim, d_in = 3, 8, 5
     w = np.arange(heads * head_dim * d_in, dtype=np.float32).reshape(heads * head_dim, d_in)

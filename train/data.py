@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from eagle_jax.files import savez_atomic
+from eagle_jax.files import read_npz, savez_atomic
 from eagle_jax.errors import EagleError
 
 SHAREGPT = "sharegpt"
@@ -66,11 +66,17 @@ def iter_records(path: str, stats: collections.Counter, chunk_chars: int = 1 << 
     decoder = json.JSONDecoder()
     separators = re.compile(r"[\s,]*")
     with open(path, encoding="utf-8") as f:
+        def read() -> str:
+            try:
+                return f.read(chunk_chars)
+            except UnicodeDecodeError as e:
+                raise EagleError(f"{path} is not UTF-8 text ({e.reason}: byte 0x{e.object[e.start]:02x})") from None
+
         buf, pos, eof, opened = "", 0, False, False
         while True:
             pos = separators.match(buf, pos).end()
             if pos == len(buf) and not eof:
-                more = f.read(chunk_chars)
+                more = read()
                 buf, pos, eof = buf[pos:] + more, 0, not more
                 continue
             if pos == len(buf) or buf[pos] == "]":
@@ -82,7 +88,7 @@ def iter_records(path: str, stats: collections.Counter, chunk_chars: int = 1 << 
                 value, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as e:
                 if not eof:  # the record continues in the next chunk
-                    more = f.read(chunk_chars)
+                    more = read()
                     buf, pos, eof = buf[pos:] + more, 0, not more
                     continue
                 if not stats["records"]:
@@ -231,8 +237,9 @@ class TokenizedSet:
 
     @classmethod
     def load(cls, path: str) -> "TokenizedSet":
-        with np.load(path) as f:
-            return cls(f["tokens"], f["loss_mask"], f["offsets"])
+        f = read_npz(path, ("tokens", "loss_mask", "offsets"), "a tokenized training set",
+                     f"delete {os.path.dirname(path) or '.'} to tokenize the data again")
+        return cls(f["tokens"], f["loss_mask"], f["offsets"])
 
 
 def tokenize_conversations(

@@ -29,7 +29,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_json_atomic
 from eagle_jax.loading import TargetModel
 from eagle_jax.train import data as data_lib
-from eagle_jax import mesh as mesh_lib
+from eagle_jax import errors, mesh as mesh_lib
 from eagle_jax.train.features import FeatureStore, build_feature_store, compute_target_features, pack
 from eagle_jax.train.regenerate import regenerate_conversations
 from eagle_jax.train.vocab import DraftVocab, carry_over_rows, select_draft_vocab, used_ids
@@ -102,6 +102,11 @@ class TrainConfig:
 def say(text: str) -> None:
     if jax.process_index() == 0:
         print(text, flush=True)
+
+
+def warn(text: str) -> None:
+    if jax.process_index() == 0:
+        errors.warn(text)
 
 
 def check_out_dir(cfg: TrainConfig) -> None:

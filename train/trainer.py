@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 from eagle_jax.model import transformer as target_model
 from eagle_jax.draft.checkpoint import export_draft
+from eagle_jax.files import remove_leftovers
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import init_draft_params, project_features
 from eagle_jax.errors import EagleError
@@ -36,7 +37,7 @@ from eagle_jax.train.metrics import EvalContext, EvalHook, MetricsLog, Progress,
 from eagle_jax.train.optim import OptimConfig, learning_rate, make_optimizer
 from eagle_jax.train.setup import (
     TrainConfig, check_out_dir, draft_config, load_initial_head, prepare_data, prepare_offline_features, prepare_vocab, revocab_initial_head, say,
-    write_run_config,
+    warn, write_run_config,
 )
 from eagle_jax.train.ttt import unroll
 from eagle_jax.train.vocab import DraftVocab
@@ -175,6 +176,13 @@ def frozen_inputs(
     return frozen, frozen_shardings, stores
 
 
+def remove_run_leftovers(out: str) -> None:
+    """What a run killed in an atomic write (an export, the tokenized data) left in `out`."""
+    removed = [os.path.join(where, name) for where in (out, os.path.join(out, "data")) for name in remove_leftovers(where)]
+    if removed:
+        say(f"removed what an interrupted write left behind: {', '.join(removed)}")
+
+
 def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     """Run (or resume) training; returns 0 when done, STOPPED_BY_SIGNAL after a SIGTERM save.
 
@@ -187,6 +195,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     target = load_target(cfg.model, dtype=compute_dtype)
     dcfg, initial, initial_d2t = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None, None)
     os.makedirs(cfg.out, exist_ok=True)
+    mesh_lib.on_main_process(lambda: remove_run_leftovers(cfg.out), "leftovers")
     train_set, dev_set = prepare_data(cfg, target)
     vocab = prepare_vocab(cfg, dcfg, train_set, initial_d2t)
     if cfg.revocab:
@@ -230,9 +239,9 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
         log.write(record)
         say(f"step {step} dev: " + json.dumps({k: v for k, v in record.items() if k not in ("step", "split")}))
 
-    latest = checkpointer.latest_step() if cfg.resume else None
-    if latest is not None:
-        state, meta = checkpointer.restore(latest, abstract_like(fns.abstract_state, fns.state_shardings))
+    restored = checkpointer.restore_latest(abstract_like(fns.abstract_state, fns.state_shardings), warn) if cfg.resume else None
+    if restored is not None:
+        latest, state, meta = restored
         if meta.get("fingerprint") != cfg.fingerprint():
             raise EagleError(f"--resume: checkpoint {latest} in {cfg.out} was written by a run with other settings")
         log.drop_after(latest)

@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from eagle_jax.files import savez_atomic
+from eagle_jax.files import read_npz, savez_atomic
 from eagle_jax.errors import EagleError
 
 
@@ -51,8 +51,8 @@ class DraftVocab:
 
     @classmethod
     def load(cls, path: str) -> "DraftVocab":
-        with np.load(path) as f:
-            return cls(f["used"], int(f["target_vocab_size"]), float(f["coverage"]))
+        f = read_npz(path, ("used", "target_vocab_size", "coverage"), "a draft vocabulary", "delete it to choose the vocabulary again")
+        return cls(f["used"], int(f["target_vocab_size"]), float(f["coverage"]))
 
 
 def select_draft_vocab(
