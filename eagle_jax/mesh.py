@@ -9,6 +9,7 @@ own devices; `place`, `global_batch` and `to_host` move arrays between hosts and
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import jax
@@ -148,3 +149,13 @@ def on_main_process(fn: Callable[[], object], name: str) -> None:
     if jax.process_index() == 0:
         fn()
     barrier(name)
+
+
+def device_memory(device: jax.Device | None = None) -> int:
+    """Bytes of memory `device` (default: this process's first) has: its allocator's limit on an
+    accelerator, the host's RAM on a CPU."""
+    device = device or jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

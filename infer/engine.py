@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import time
 from typing import NamedTuple
 
@@ -23,7 +22,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import FINISH_REASONS, PAD, check_prompt_fits, pad_prompts
 from eagle_jax.loading import TargetModel
-from eagle_jax.mesh import place, replicated, row_count, to_host
+from eagle_jax.mesh import device_memory, place, replicated, row_count, to_host
 from eagle_jax.model.sharding import check_model_axis, draft_shardings, model_size, rows_sharding, target_shardings
 from eagle_jax.model.cpu_layout import backend_layout
 from eagle_jax.decoding.sampling import SamplingConfig
@@ -55,14 +54,6 @@ class RunResult:
         """Mean tokens per round (accepted + 1): the first token, from prefill, is not a round's."""
         rounds = sum(self.rounds)
         return (self.new_tokens - len(self.tokens)) / rounds if rounds else float("nan")
-
-
-def device_memory(device) -> int:
-    """Bytes of memory `device` has: its allocator's limit on an accelerator, the host's RAM on a CPU."""
-    stats = device.memory_stats() if device.platform != "cpu" else None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _bytes_on_one_device(x) -> int:
@@ -218,7 +209,7 @@ class Engine:
         itemsize = np.dtype(self.laid_out.params["embed"].dtype).itemsize
         cache = 2 * batch * slots * per_slot * itemsize // ways
         weights = sum(_bytes_on_one_device(x) for x in jax.tree.leaves((self.laid_out.params, self.laid_out.dparams)))
-        memory = device_memory(jax.local_devices()[0])
+        memory = device_memory()
         if cache + weights > memory:
             gib = 2**30
             raise EagleError(

@@ -157,6 +157,42 @@ def test_ttt_equals_the_inference_chain(flags, tiny_target):
             chain_v = chain_v.at[:, k - 1].set(node.v_new[0, :, 0])
 
 
+def test_scored_rematerialized_unroll_gives_the_loss_and_gradients_of_all_logits_at_once(tiny_target):
+    """Training scores each TTT step inside a rematerialized step (`unroll(score=...)`, the
+    Objective's path): its loss, metrics and gradients equal eagle3_loss over every step's logits."""
+    from eagle_jax.train.losses import eagle3_combine, eagle3_step_terms
+
+    cfg, target_params = tiny_target
+    dcfg = DraftConfig.for_target(cfg, "eagle3", draft_vocab_size=40, fc_norm=True, norm_output=True)
+    dparams = {k: v for k, v in random_draft_params(dcfg, seed=2).items() if k != "d2t"}  # d2t is not trained
+    b, t, steps = 2, 12, 4
+    rng = np.random.default_rng(5)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, t)), jnp.int32)
+    mask = jnp.asarray(rng.random((b, t)) < 0.7)
+    used = jnp.asarray(np.sort(rng.choice(cfg.vocab_size, 40, replace=False)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+    target_out = forward(target_params, cfg, tokens, positions, None, causal_mask(jnp.ones((b, t), bool)), capture=dcfg.feature_layers)
+    target_logits = jax.random.normal(jax.random.key(4), (b, t, cfg.vocab_size))
+
+    def all_at_once(dparams):
+        outs = unroll(dparams, dcfg, target_params, project_features(dparams, dcfg, target_out), tokens, steps)
+        out = eagle3_loss([o.logits for o in outs], target_logits, mask, used)
+        return out.loss, out
+
+    def scored(dparams):
+        teacher, in_vocab = restrict_to_draft_vocab(target_logits, used)
+        terms = unroll(dparams, dcfg, target_params, project_features(dparams, dcfg, target_out), tokens, steps,
+                       score=lambda k, logits: eagle3_step_terms(k, logits, teacher, in_vocab, mask))
+        out = eagle3_combine(terms, mask.size)
+        return out.loss, out
+
+    (grads, out), (scored_grads, scored_out) = (jax.jit(jax.grad(f, has_aux=True))(dparams) for f in (all_at_once, scored))
+    np.testing.assert_allclose(scored_out.token_loss, out.token_loss, rtol=1e-6)
+    assert np.array_equal(scored_out.correct, out.correct) and np.array_equal(scored_out.count, out.count)
+    assert int(out.count.sum()) > 0 and float(out.loss) > 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), scored_grads, grads)
+
+
 def test_learning_rate_warmup_then_decay():
     schedule = learning_rate(OptimConfig(lr=1.0, total_steps=10, warmup_steps=2))
     np.testing.assert_allclose([schedule(s) for s in (0, 1, 2, 6, 10)], [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)

@@ -37,7 +37,7 @@ def setup(tmp_path_factory):
 
 def args(setup, out: str, *extra: str) -> list[str]:
     _, model, data, _ = setup
-    return ["--model", model, "--data", data, "--out", out, "--seq-len", "64", "--batch-size", "8", "--ttt-steps", "2",
+    return ["--model", model, "--data", data, "--out", out, "--seq-len", "64", "--batch-size", "8", "--grad-accum", "1", "--ttt-steps", "2",
             "--draft-vocab", "80", "--lr", "1e-2", "--warmup-steps", "2", "--max-steps", str(STEPS), "--save-every", "10",
             "--log-every", "1", "--dev-fraction", "0", "--no-progress", *extra]
 

@@ -95,7 +95,7 @@ def test_gradient_accumulation_equals_the_big_batch(files, learned, tmp_path):
 def test_eagle1_head_learns_in_bfloat16_from_offline_features_with_an_eval_hook(files, tmp_path):
     model, data = files
     out = str(tmp_path / "eagle1")
-    args = ["--model", model, "--data", data, "--out", out, "--head", "eagle1", "--seq-len", "64", "--batch-size", "8", "--lr", "1e-2",
+    args = ["--model", model, "--data", data, "--out", out, "--head", "eagle1", "--seq-len", "64", "--batch-size", "8", "--grad-accum", "1", "--lr", "1e-2",
             "--max-steps", "20", "--warmup-steps", "2", "--eval-every", "20", "--dtype", "bfloat16", "--offline-features", "--no-progress",
             "--tau-prompts", "0"]
     seen = []

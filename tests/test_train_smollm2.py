@@ -34,7 +34,7 @@ def test_smollm2_on_a_sharegpt_slice(tmp_path):
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(["--model", MODEL, "--data", "sharegpt", "--num-conversations", "6", "--out", out, "--seq-len", "96",
-                              "--long-samples", "split", "--batch-size", "2", "--ttt-steps", "2", "--draft-vocab", "512",
+                              "--long-samples", "split", "--batch-size", "2", "--grad-accum", "1", "--ttt-steps", "2", "--draft-vocab", "512",
                               "--max-steps", "2", "--dev-fraction", "0", "--log-every", "1", "--no-progress"])
     assert cli.run(args) == 0
     train = [r for r in read_metrics(out) if r["split"] == "train"]

@@ -102,7 +102,7 @@ def write_conversations(path: str, n: int, seed: int = 0) -> str:
 
 def tiny_run_args(model: str, data: str, out: str, *extra: str) -> list[str]:
     """CLI arguments of a short, fast run on the tiny target."""
-    return ["--model", model, "--data", data, "--out", out, "--seq-len", "64", "--batch-size", "8", "--ttt-steps", "3",
+    return ["--model", model, "--data", data, "--out", out, "--seq-len", "64", "--batch-size", "8", "--grad-accum", "1", "--ttt-steps", "3",
             "--draft-vocab", "64", "--lr", "3e-3", "--warmup-steps", "2", "--no-progress", *extra]
 
 

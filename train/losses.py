@@ -53,6 +53,38 @@ def soft_cross_entropy(teacher_logits: jax.Array, logits: jax.Array) -> jax.Arra
     return -jnp.sum(p * jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
 
 
+class StepTerms(NamedTuple):
+    """One TTT step's share of the EAGLE-3 loss, each a () sum over the counted positions."""
+
+    loss: jax.Array
+    correct: jax.Array
+    count: jax.Array
+
+
+def eagle3_step_terms(
+    k: int,
+    logits: jax.Array,  # (B, T, Vd) draft logits of TTT step k
+    teacher: jax.Array,  # (B, T, Vd) target logits over the draft vocabulary (`restrict_to_draft_vocab`)
+    in_vocab: jax.Array,  # (B, T) bool, the target argmax lies in the draft vocabulary
+    loss_mask: jax.Array,  # (B, T) bool
+) -> StepTerms:
+    """Masked soft cross-entropy, top-1 agreement and counted positions of step k."""
+    mask = shift_left(loss_mask, k + 2)  # (B, T)
+    label = shift_left(teacher, k + 1)  # (B, T, Vd)
+    counted = mask & shift_left(in_vocab, k + 1)
+    hit = jnp.argmax(logits, axis=-1) == jnp.argmax(label, axis=-1)
+    return StepTerms(jnp.sum(jnp.where(counted, soft_cross_entropy(label, logits), 0.0)), jnp.sum(hit & counted), jnp.sum(mask))
+
+
+def eagle3_combine(terms: Sequence[StepTerms], num_positions: int, step_decay: float = 0.8) -> LossOutput:
+    """sum_k step_decay**k * L_k, L_k step k's loss averaged over all `num_positions` = B*T
+    positions (the reference's normalisation)."""
+    token_loss = jnp.stack([t.loss for t in terms])
+    weights = step_decay ** jnp.arange(len(terms), dtype=jnp.float32)
+    loss = jnp.sum(weights * token_loss) / num_positions
+    return LossOutput(loss, token_loss, jnp.stack([t.correct for t in terms]), jnp.stack([t.count for t in terms]))
+
+
 def eagle3_loss(
     step_logits: Sequence[jax.Array],  # K x (B, T, Vd) draft logits of TTT steps 0..K-1
     target_logits: jax.Array,  # (B, T, V) float32
@@ -60,22 +92,11 @@ def eagle3_loss(
     used: jax.Array | None,  # (Vd,) int32 draft vocabulary (target ids), None = full vocabulary
     step_decay: float = 0.8,
 ) -> LossOutput:
-    """EAGLE-3 training-time-test loss: sum_k step_decay**k * L_k, L_k a masked soft cross-entropy
-    averaged over all B*T positions (the reference's normalisation)."""
+    """EAGLE-3 training-time-test loss over all steps' logits at once (training scores each step
+    as the draft unrolls, `train.ttt.unroll(score=...)`, with the same terms)."""
     teacher, in_vocab = restrict_to_draft_vocab(target_logits, used)
-    sums, correct, count = [], [], []
-    for k, logits in enumerate(step_logits):
-        mask = shift_left(loss_mask, k + 2)  # (B, T)
-        label = shift_left(teacher, k + 1)  # (B, T, Vd)
-        counted = mask & shift_left(in_vocab, k + 1)
-        sums.append(jnp.sum(jnp.where(counted, soft_cross_entropy(label, logits), 0.0)))
-        hit = jnp.argmax(logits, axis=-1) == jnp.argmax(label, axis=-1)
-        correct.append(jnp.sum(hit & counted))
-        count.append(jnp.sum(mask))
-    token_loss = jnp.stack(sums)
-    weights = step_decay ** jnp.arange(len(step_logits), dtype=jnp.float32)
-    loss = jnp.sum(weights * token_loss) / loss_mask.size  # each step's mean over all B*T positions
-    return LossOutput(loss, token_loss, jnp.stack(correct), jnp.stack(count))
+    terms = [eagle3_step_terms(k, logits, teacher, in_vocab, loss_mask) for k, logits in enumerate(step_logits)]
+    return eagle3_combine(terms, loss_mask.size, step_decay)
 
 
 def eagle1_loss(

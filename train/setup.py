@@ -50,7 +50,7 @@ class TrainConfig:
     norm_output: bool = False
     draft_vocab: int | None = None  # None: DEFAULT_DRAFT_VOCAB (eagle3), the target's (eagle1)
     seq_len: int = 2048
-    batch_size: int = 8  # global, in sequences per micro-batch
+    batch_size: int = 2  # global, in sequences per micro-batch: at --seq-len 2048 a 24 GB machine holds it with room
     max_steps: int | None = None  # optimizer updates; None: `epochs` passes over the training set
     epochs: int = 1
     lr: float = 5e-5
@@ -58,7 +58,7 @@ class TrainConfig:
     schedule: str = "linear"
     clip_norm: float = 0.5
     weight_decay: float = 0.0
-    grad_accum: int = 1
+    grad_accum: int = 4  # 8 sequences per update
     dtype: str = "float32"  # compute dtype of target and draft (master weights stay float32)
     offline_features: bool = False
     feature_dtype: str | None = None  # offline store dtype; None: `dtype`

@@ -32,7 +32,7 @@ from eagle_jax.model.sharding import fsdp_shardings
 from eagle_jax.train.checkpoint import Checkpointer, abstract_like
 from eagle_jax.train.data import TokenizedSet, batch_indices
 from eagle_jax.train.features import FeatureStore, compute_target_features, unpack
-from eagle_jax.train.losses import LossOutput, eagle1_loss, eagle3_loss
+from eagle_jax.train.losses import LossOutput, eagle1_loss, eagle3_combine, eagle3_step_terms, restrict_to_draft_vocab
 from eagle_jax.train.metrics import EvalContext, EvalHook, MetricsLog, Progress, plot_curves, summarize
 from eagle_jax.train.optim import OptimConfig, learning_rate, make_optimizer
 from eagle_jax.train.setup import (
@@ -63,11 +63,15 @@ class Objective:
             feats = compute_target_features(target, self.tcfg, self.dcfg, batch["tokens"])
         target_logits = target_model.lm_head(target, feats.hidden)  # (B, L, V) float32
         hidden = project_features(dparams, self.dcfg, feats.as_forward_output())
-        steps = unroll(dparams, self.dcfg, target, hidden, batch["tokens"], self.num_steps)
+        mask = batch["loss_mask"]
         if self.dcfg.kind == "eagle1":
-            out = eagle1_loss(steps[0].hidden, steps[0].logits, feats.hidden, target_logits, batch["loss_mask"])
+            step = unroll(dparams, self.dcfg, target, hidden, batch["tokens"], self.num_steps)[0]
+            out = eagle1_loss(step.hidden, step.logits, feats.hidden, target_logits, mask)
         else:
-            out = eagle3_loss([s.logits for s in steps], target_logits, batch["loss_mask"], frozen.get("used"))
+            teacher, in_vocab = restrict_to_draft_vocab(target_logits, frozen.get("used"))
+            terms = unroll(dparams, self.dcfg, target, hidden, batch["tokens"], self.num_steps,
+                           score=lambda k, logits: eagle3_step_terms(k, logits, teacher, in_vocab, mask))
+            out = eagle3_combine(terms, mask.size)
         return out.loss, out
 
 
@@ -176,6 +180,26 @@ def frozen_inputs(
     return frozen, frozen_shardings, stores
 
 
+def compile_train_step(fns: StepFunctions, frozen: dict, batch: dict, cfg: TrainConfig, dcfg: DraftConfig):
+    """The train step compiled for the shapes of `batch`, refused (EagleError) before it runs when
+    XLA's accounting of its memory exceeds a device's."""
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), batch)
+    compiled = fns.train_step.lower(abstract_like(fns.abstract_state, fns.state_shardings), frozen, abstract).compile()
+    stats = compiled.memory_analysis()
+    if stats is None:  # a backend without the accounting
+        return compiled
+    need = stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+    memory = mesh_lib.device_memory()
+    if need > memory:
+        gib = 2**30
+        raise EagleError(
+            f"a training step of --batch-size {cfg.batch_size} x --seq-len {cfg.seq_len} x --ttt-steps {cfg.ttt_steps} "
+            f"(draft vocabulary {dcfg.draft_vocab_size}) needs {need / gib:.1f} GiB per device, more than the {memory / gib:.1f} GiB "
+            f"a device has; lower --batch-size (a larger --grad-accum keeps {cfg.batch_size * cfg.grad_accum} sequences per update), "
+            "--seq-len or --ttt-steps")
+    return compiled
+
+
 def remove_run_leftovers(out: str) -> None:
     """What a run killed in an atomic write (an export, the tokenized data) left in `out`."""
     removed = [os.path.join(where, name) for where in (out, os.path.join(out, "data")) for name in remove_leftovers(where)]
@@ -214,6 +238,8 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     objective = Objective(target.cfg, dcfg, cfg.ttt_steps, compute_dtype)
     fns = make_step_functions(objective, make_optimizer(optim_cfg), dcfg, mesh, frozen_shardings, batch_keys, key)
     load_batch = BatchLoader(mesh, cfg.batch_size, cfg.seq_len)
+    first_batch = load_batch(train_set, stores[0], batch_indices(0, len(train_set), cfg.batch_size, cfg.seed), np.ones(cfg.batch_size, bool))
+    train_step = compile_train_step(fns, frozen, first_batch, cfg, dcfg)
     checkpointer = Checkpointer(os.path.join(cfg.out, "checkpoints"), cfg.keep)
     log = MetricsLog(os.path.join(cfg.out, "metrics.jsonl"), jax.process_index() == 0)
 
@@ -260,7 +286,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
         while step < max_steps:
             for _ in range(cfg.grad_accum):
                 ids = batch_indices(micro, len(train_set), cfg.batch_size, cfg.seed)
-                state, out = fns.train_step(state, frozen, load_batch(train_set, stores[0], ids, np.ones(len(ids), bool)))
+                state, out = train_step(state, frozen, load_batch(train_set, stores[0], ids, np.ones(len(ids), bool)))
                 interval.append(out)
                 interval_tokens += int(np.minimum(train_set.lengths[ids], cfg.seq_len).sum())
                 micro += 1

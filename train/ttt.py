@@ -17,6 +17,7 @@ causal ones. Memory stays O(T^2 + k*T) per step, as with the reference's diagona
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -76,8 +77,12 @@ def unroll(
     hidden: jax.Array,  # (B, T, d) projected target features (`project_features`)
     tokens: jax.Array,  # (B, T) int32 the sequence x_0 .. x_{T-1}
     num_steps: int,
-) -> list[StepOutput]:
-    """Outputs of TTT steps 0..num_steps-1 (EAGLE-1: num_steps = 1, the plain causal pass).
+    score: Callable[[int, jax.Array], object] | None = None,
+) -> list:
+    """Outputs of TTT steps 0..num_steps-1 (EAGLE-1: num_steps = 1, the plain causal pass): a
+    StepOutput each, or with `score`, score(k, logits (B, T, Vd)) of each step k. A scored step is
+    rematerialized: the backward pass recomputes it instead of keeping its logits and attention
+    weights, so a training step holds one TTT step's (B, T, Vd) logits at a time, not num_steps.
 
     Rows are right-padded, so a causal mask keeps every valid position clear of padding; positions
     past a row's end produce values the loss masks out.
@@ -85,18 +90,31 @@ def unroll(
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     empty = KVCache.zeros(1, b, 0, dcfg.num_kv_heads, dcfg.head_dim, hidden.dtype)
-    first = draft_forward(
-        dparams, for_training(dcfg), target_params, hidden, shift_left(tokens, 1), positions, empty, causal_mask(jnp.ones((b, t), bool))
-    )
-    outputs = [StepOutput(first.logits, first.hidden)]
-    context = (first.k_new[0], first.v_new[0])
-    chain_k = jnp.zeros((b, t, 0, dcfg.num_kv_heads, dcfg.head_dim), first.k_new.dtype)
+
+    def first(dparams, hidden):
+        out = draft_forward(
+            dparams, for_training(dcfg), target_params, hidden, shift_left(tokens, 1), positions, empty, causal_mask(jnp.ones((b, t), bool))
+        )
+        return StepOutput(out.logits, out.hidden), out.k_new[0], out.v_new[0]
+
+    def later(k):
+        return lambda dparams, hidden, context, chain: chain_step(
+            dparams, dcfg, target_params, hidden, shift_left(tokens, k + 1), positions + k, context, chain)
+
+    def scored(k, step):  # step k and its score: (StepOutput or score, next hidden, k_new, v_new)
+        def run(*args):
+            out, k_new, v_new = step(*args)
+            return (out if score is None else score(k, out.logits)), out.hidden, k_new, v_new
+
+        return run if score is None else jax.checkpoint(run)
+
+    result, hidden, *context = scored(0, first)(dparams, hidden)
+    results = [result]
+    chain_k = jnp.zeros((b, t, 0, dcfg.num_kv_heads, dcfg.head_dim), context[0].dtype)
     chain_v = chain_k
     for k in range(1, num_steps):
-        out, k_new, v_new = chain_step(
-            dparams, dcfg, target_params, outputs[-1].hidden, shift_left(tokens, k + 1), positions + k, context, (chain_k, chain_v)
-        )
-        outputs.append(out)
+        result, hidden, k_new, v_new = scored(k, later(k))(dparams, hidden, tuple(context), (chain_k, chain_v))
+        results.append(result)
         chain_k = jnp.concatenate([chain_k, k_new[:, :, None]], axis=2)
         chain_v = jnp.concatenate([chain_v, v_new[:, :, None]], axis=2)
-    return outputs
+    return results

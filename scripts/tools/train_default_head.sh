@@ -31,17 +31,17 @@ mkdir -p "$run"
 .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_train.jsonl" --num-conversations 999 \
   --regenerate --regen-max-new-tokens 256 --regen-batch-size 32 \
   --out "$run/run4" --head eagle3 --fc-norm --norm-output --ttt-steps 3 --draft-vocab 8192 \
-  --seq-len 512 --long-samples split --offline-features --batch-size 4 --max-steps 480 --lr 6e-4 \
+  --seq-len 512 --long-samples split --offline-features --batch-size 4 --grad-accum 1 --max-steps 480 --lr 6e-4 \
   --eval-every 120 --save-every 60 --log-every 10 --no-progress
 .venv/bin/python scripts/tools/sharegpt_slice.py --start 1000 --count 3000 --out "$run/sharegpt_1000_4000.jsonl"
 .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_1000_4000.jsonl" --num-conversations 1500 \
   --init-head "$run/run4/draft" --out "$run/stage2" --ttt-steps 3 --seq-len 1024 --long-samples split \
-  --dev-fraction 0.006 --batch-size 2 --max-steps 270 --lr 3e-4 --warmup-steps 15 --schedule cosine \
+  --dev-fraction 0.006 --batch-size 2 --grad-accum 1 --max-steps 270 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 90 --save-every 30 --log-every 5 --tau-prompts 4 --no-progress
 .venv/bin/python scripts/tools/sharegpt_slice.py --start 2500 --count 1500 --out "$run/sharegpt_2500_4000.jsonl"
 .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_2500_4000.jsonl" --num-conversations 1500 \
   --init-head "$run/stage2/draft" --out "$run/stage3" --ttt-steps 3 --seq-len 1024 --long-samples split \
-  --dev-fraction 0.006 --batch-size 2 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
+  --dev-fraction 0.006 --batch-size 2 --grad-accum 1 --max-steps 240 --lr 3e-4 --warmup-steps 15 --schedule cosine \
   --eval-every 80 --save-every 20 --log-every 5 --tau-prompts 4 --no-progress
 self_distilled_stage() {  # START INIT_HEAD OUT [COUNT=1600 [SLICE_ARGS...]], steps=600: stages 4 to 11 (the shipped stages 4-7 wrote --count 3000: the same first 1600)
   local start=$1 init=$2 out=$3 count=${4:-1600} steps=${steps:-600}
@@ -50,7 +50,7 @@ self_distilled_stage() {  # START INIT_HEAD OUT [COUNT=1600 [SLICE_ARGS...]], st
   .venv/bin/eagle-jax train --model smollm2-135m-instruct --data "$run/sharegpt_$start.jsonl" --num-conversations "$count" \
     --regenerate --regen-max-new-tokens 192 --regen-batch-size 32 \
     --init-head "$init" --out "$out" --ttt-steps 3 --seq-len 512 --long-samples split --offline-features \
-    --batch-size 4 --max-steps "$steps" --lr 3e-4 --warmup-steps 20 --schedule cosine \
+    --batch-size 4 --grad-accum 1 --max-steps "$steps" --lr 3e-4 --warmup-steps 20 --schedule cosine \
     --eval-every 150 --save-every 50 --log-every 10 --tau-prompts 2 --no-progress
 }
 self_distilled_stage 4000 "$run/stage3/draft" "$run/stage4"
