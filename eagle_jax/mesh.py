@@ -159,3 +159,12 @@ def device_memory(device: jax.Device | None = None) -> int:
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def compiled_bytes(compiled) -> int | None:
+    """Bytes one device holds while `compiled` runs, by XLA's accounting (temporaries, arguments
+    and outputs, the donated ones once), or None on a backend without the accounting."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    return stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes

@@ -22,7 +22,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import FINISH_REASONS, PAD, check_prompt_fits, pad_prompts
 from eagle_jax.loading import TargetModel
-from eagle_jax.mesh import device_memory, place, replicated, row_count, to_host
+from eagle_jax.mesh import compiled_bytes, device_memory, place, replicated, row_count, to_host
 from eagle_jax.model.sharding import check_model_axis, draft_shardings, model_size, rows_sharding, target_shardings
 from eagle_jax.model.cpu_layout import backend_layout
 from eagle_jax.decoding.sampling import SamplingConfig
@@ -128,7 +128,14 @@ class Engine:
         tok = self.target.tokenizer
         if raw:
             return tok.encode("".join(m["content"] for m in messages), add_special_tokens=False)
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+        import jinja2
+
+        try:
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+        except jinja2.TemplateError as e:  # a broken template, or one that refuses this conversation
+            line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+            raise EagleError(f"the chat template of {tok.name_or_path} cannot render this conversation: "
+                             f"{e.message}{line}; fix the template, or pass --raw for a raw-text prompt") from None
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def decode(self, ids: list[int]) -> str:
@@ -231,7 +238,16 @@ class Engine:
         inputs = (np.zeros(shape, np.int32), np.ones(shape[0], np.int32), np.asarray(jax.random.key_data(jax.random.key(0))))
         if self.mesh is not None:
             inputs = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(inputs, self._input_shardings()))
-        self._compiled[key] = self._lower(tree, cache_len, *inputs).compile()
+        compiled = self._lower(tree, cache_len, *inputs).compile()
+        need, memory = compiled_bytes(compiled), device_memory()
+        if need is not None and need > memory:
+            gib, rows = 2**30, f"{shape[0]} row{'s' if shape[0] > 1 else ''}"
+            what = f"verifying {tree.size} tokens a round" if tree is not None else "plain decoding"
+            flags = "--tree-nodes, --tree-lookup, " if tree is not None else ""
+            raise EagleError(
+                f"generating for {rows} with a cache of {cache_len} slots, {what}, needs {need / gib:.1f} GiB per device, "
+                f"more than the {memory / gib:.1f} GiB a device has; lower {flags}--max-new-tokens (or --cache-len) or --batch-size")
+        self._compiled[key] = compiled
         return time.perf_counter() - start
 
     def _arguments(self, speculative: bool) -> tuple:

@@ -11,7 +11,7 @@ from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.cli import main
 from test_cli import assert_one_line_error
-from test_train_support import write_tiny_model
+from test_train_support import write_tiny_head, write_tiny_model
 
 PROMPT = "w1 w2 w3 w4 w5"
 
@@ -104,6 +104,46 @@ def test_caches_larger_than_the_device_memory_are_refused_before_compiling(capsy
     assert "lower --max-new-tokens (or --cache-len) or --batch-size" in err
 
 
+@pytest.fixture(scope="module")
+def tiny_head(tiny_model, tmp_path_factory) -> str:
+    return write_tiny_head(str(tmp_path_factory.mktemp("bad-input-head") / "head"), tiny_model)
+
+
+def test_a_step_larger_than_the_device_memory_is_refused_after_compiling_before_running(capsys, tiny_model, tiny_head):
+    # found by the fuzz test: a lookup chain of 4096 tokens compiled, then died out of memory (66.7 GiB)
+    code, _, err = run_cli(capsys, "generate", "--model", tiny_model, "--draft", tiny_head, "--prompt", PROMPT,
+                           "--tree-lookup", "4096", "--max-new-tokens", "4")
+    assert_one_line_error(code, err, "generating for 1 row with a cache of ")
+    assert "verifying 4112 tokens a round, needs " in err and "lower --tree-nodes, --tree-lookup, --max-new-tokens" in err
+
+
+def test_a_sampling_top_k_past_the_vocabulary_keeps_every_token():
+    import jax
+
+    from eagle_jax.decoding.sampling import processed_log_probs
+
+    # found by the fuzz test: --top-k-sampling 8192 on a 96-token vocabulary was a traceback
+    logits = jax.random.normal(jax.random.key(0), (2, 96))
+    every = processed_log_probs(logits, SamplingConfig(temperature=0.7))
+    for top_k in (96, 8192):
+        assert (processed_log_probs(logits, SamplingConfig(temperature=0.7, top_k=top_k)) == every).all()
+    assert int((processed_log_probs(logits, SamplingConfig(temperature=0.7, top_k=95)) == -float("inf")).sum()) == 2
+
+
+def test_a_broken_chat_template_is_one_line(capsys, tiny_model, tmp_path):
+    import shutil
+
+    # found by the fuzz test: a truncated chat_template.jinja was jinja2's traceback
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    template = model / "chat_template.jinja"
+    template.write_text(template.read_text()[:138])
+    code, _, err = generate(capsys, str(model))
+    assert_one_line_error(code, err, f"the chat template of {model} cannot render this conversation: ")
+    assert "or pass --raw for a raw-text prompt" in err
+    assert generate(capsys, str(model), "--raw")[0] == 0
+
+
 def test_a_flag_error_is_one_line_not_a_usage_block(capsys, tiny_model):
     for flags in (["--max-new-tokens", "0"], ["--max-new-tokens", "x"], ["--no-such-flag"], ["--tree-scoring", "best"]):
         code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *flags)
@@ -161,9 +201,17 @@ def test_a_tokenizer_with_more_ids_than_the_model_is_refused_at_load(tmp_path):
 @pytest.mark.parametrize("change, says", [
     (lambda c: c.pop("architectures"), "config.json names no architecture"),
     (lambda c: c.update(architectures=[]), "config.json names no architecture"),
-    (lambda c: c.pop("num_attention_heads"), "config.json lacks a positive integer 'num_attention_heads'"),
-    (lambda c: c.update(hidden_size="32"), "config.json lacks a positive integer 'hidden_size'"),
-    (lambda c: c.update(architectures=["GPT2LMHeadModel"]), "unsupported architecture GPT2LMHeadModel"),
+    (lambda c: c.pop("num_attention_heads"), "config.json: num_attention_heads is missing; expected an integer from 1"),
+    (lambda c: c.update(hidden_size="32"), "config.json: hidden_size is \"32\"; expected an integer from 1"),
+    (lambda c: c.update(architectures=["GPT2LMHeadModel"]), "unsupported architecture \"GPT2LMHeadModel\""),
+    # found by the fuzz test: each of these was a traceback (an int32 overflow, a TypeError)
+    (lambda c: c.update(eos_token_id=2**40), "eos_token_id is 1099511627776; expected a token id or a list of token ids, each from 0 to 95"),
+    (lambda c: c.update(eos_token_id="32"), "eos_token_id is \"32\"; expected a token id"),
+    (lambda c: c.update(eos_token_id={}), "eos_token_id is {}; expected a token id"),
+    (lambda c: c.update(rms_norm_eps="1e-5"), "rms_norm_eps is \"1e-5\"; expected a finite positive number"),
+    (lambda c: c.update(tie_word_embeddings=1), "tie_word_embeddings is 1; expected true or false"),
+    (lambda c: c.update(rope_scaling=[1, 2]), "rope_scaling: expected a JSON object, got list"),
+    (lambda c: c.update(max_position_embeddings=2**40), "max_position_embeddings is 1099511627776; expected an integer"),
 ])
 def test_a_malformed_model_config_is_one_error(tmp_path, change, says):
     from eagle_jax.loading import load_target

@@ -79,6 +79,18 @@ def write_tiny_model(directory: str, seed: int = 0, **overrides) -> str:
     return directory
 
 
+
+def write_tiny_head(directory: str, model: str) -> str:
+    """A random EAGLE-3 head (draft vocabulary 64) exported for the target directory `model`."""
+    from eagle_jax.draft import DraftConfig, init_draft_params
+    from eagle_jax.draft.checkpoint import export_draft
+    from eagle_jax.loading import load_target
+
+    dcfg = DraftConfig.for_target(load_target(model).cfg, kind="eagle3", draft_vocab_size=64)
+    export_draft(directory, dcfg, init_draft_params(jax.random.key(0), dcfg, scale=0.3))
+    return directory
+
+
 def synthetic_conversations(n: int, vocab_size: int = 96, seed: int = 0) -> list[dict]:
     """ShareGPT records: the user names a start word and a stride; the assistant counts onwards."""
     rng = np.random.default_rng(seed)

@@ -185,12 +185,8 @@ def compile_train_step(fns: StepFunctions, frozen: dict, batch: dict, cfg: Train
     XLA's accounting of its memory exceeds a device's."""
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), batch)
     compiled = fns.train_step.lower(abstract_like(fns.abstract_state, fns.state_shardings), frozen, abstract).compile()
-    stats = compiled.memory_analysis()
-    if stats is None:  # a backend without the accounting
-        return compiled
-    need = stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-    memory = mesh_lib.device_memory()
-    if need > memory:
+    need, memory = mesh_lib.compiled_bytes(compiled), mesh_lib.device_memory()
+    if need is not None and need > memory:
         gib = 2**30
         raise EagleError(
             f"a training step of --batch-size {cfg.batch_size} x --seq-len {cfg.seq_len} x --ttt-steps {cfg.ttt_steps} "

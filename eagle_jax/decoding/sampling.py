@@ -34,7 +34,7 @@ class SamplingConfig:
 def processed_log_probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     """Log-probabilities (..., V) float32 after temperature, top-k and top-p; removed tokens get -inf."""
     scores = logits.astype(jnp.float32) / cfg.temperature
-    if cfg.top_k > 0:
+    if 0 < cfg.top_k < scores.shape[-1]:  # a top_k of the vocabulary's size or more keeps every token
         kth = jax.lax.top_k(scores, cfg.top_k)[0][..., -1:]
         scores = jnp.where(scores < kth, -jnp.inf, scores)
     if cfg.top_p < 1:

@@ -41,6 +41,7 @@ from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_directory_atomic, write_json_atomic
+from eagle_jax.loading.config_dict import ConfigDict
 from eagle_jax.loading.hf import read_safetensors, rope_from_hf
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -116,35 +117,6 @@ LAYER = "layers.0."
 EXPORT_MAX_POSITIONS = 131072
 
 
-class _Config:
-    """A config dict whose keys must all be accounted for: interpreted, checked, or harmless."""
-
-    def __init__(self, values: dict, where: str):
-        if not isinstance(values, dict):
-            raise EagleError(f"{where}: expected a JSON object, got {type(values).__name__}")
-        self.values, self.where, self.read = values, where, set()
-
-    def get(self, key: str, default=None):
-        """The value of key, or default when it is absent or null."""
-        self.read.add(key)
-        value = self.values.get(key)
-        return default if value is None else value
-
-    def expect(self, key: str, supported, default):
-        """Refuse any value of a flag other than the one we implement."""
-        value = self.get(key, default)
-        if value != supported:
-            raise EagleError(f"{self.where}: {key}={json.dumps(value)} is not supported (eagle-jax implements {json.dumps(supported)})")
-
-    def refuse_unknown(self, harmless: frozenset) -> None:
-        unknown = sorted(set(self.values) - self.read - harmless)
-        if unknown:
-            raise EagleError(
-                f"{self.where}: unknown config key(s) {', '.join(unknown)}; they may change the head, "
-                "so eagle-jax refuses to guess"
-            )
-
-
 def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype=jnp.float32) -> tuple[DraftConfig, dict]:
     """Load a draft head from a directory in one of the public layouts (see the module docstring).
 
@@ -218,17 +190,17 @@ def canonical_weight_names(tensors: dict[str, np.ndarray], where: str) -> dict[s
     return out
 
 
-def _layer_config(c: _Config) -> dict:
+def _layer_config(c: ConfigDict) -> dict:
     """Sizes, norms and RoPE of the head's decoder layer; refuses what our layer does not compute."""
     model_type = c.get("model_type", "llama")
-    if model_type not in LAYER_DEFAULTS:
+    if not isinstance(model_type, str) or model_type not in LAYER_DEFAULTS:
         raise EagleError(f"{c.where}: decoder layer model_type {model_type!r} is not supported (supported: {', '.join(LAYER_DEFAULTS)})")
     defaults = LAYER_DEFAULTS[model_type]
-    layers = c.get("num_hidden_layers", defaults["num_hidden_layers"])
+    layers = c.integer("num_hidden_layers", defaults["num_hidden_layers"])
     if layers != 1:
         raise EagleError(f"{c.where}: the head has {layers} decoder layers; eagle-jax heads have exactly one")
-    hidden = c.get("hidden_size", defaults["hidden_size"])
-    heads = c.get("num_attention_heads", defaults["num_attention_heads"])
+    hidden = c.integer("hidden_size", defaults["hidden_size"])
+    heads = c.integer("num_attention_heads", defaults["num_attention_heads"])
     c.expect("hidden_act", "silu", "silu")
     c.expect("attention_bias", False, False)
     c.expect("mlp_bias", False, False)
@@ -240,28 +212,33 @@ def _layer_config(c: _Config) -> dict:
     c.get("sliding_window")  # read only by sliding-window layers, refused above and by layer_types
     if c.get("quantization_config") is not None or c.get("compression_config") is not None:
         raise EagleError(f"{c.where}: quantized draft heads are not supported")
-    if any(t != "full_attention" for t in c.get("layer_types", [])):
-        raise EagleError(f"{c.where}: layer_types {c.get('layer_types')} is not supported (only full_attention)")
-    rope_keys = {k: c.get(k) for k in ("rope_theta", "rope_scaling", "rope_parameters") if c.get(k) is not None}
-    try:
-        rope = rope_from_hf(rope_keys)
-    except EagleError as e:
-        raise EagleError(f"{c.where}: {e}") from None
+    layer_types = c.get("layer_types", [])
+    if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
+        raise EagleError(f"{c.where}: layer_types {json.dumps(layer_types)} is not supported (only full_attention)")
     return dict(
         hidden_size=hidden,
-        intermediate_size=c.get("intermediate_size", defaults["intermediate_size"]),
+        intermediate_size=c.integer("intermediate_size", defaults["intermediate_size"]),
         num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads", defaults["num_key_value_heads"] or heads),
-        head_dim=c.get("head_dim", defaults["head_dim"] or hidden // heads),
-        vocab_size=c.get("vocab_size", defaults["vocab_size"]),
-        rms_norm_eps=float(c.get("rms_norm_eps", defaults["rms_norm_eps"])),
-        rope=rope,
+        num_kv_heads=c.integer("num_key_value_heads", defaults["num_key_value_heads"] or heads),
+        head_dim=c.integer("head_dim", defaults["head_dim"] or max(hidden // heads, 1)),
+        vocab_size=c.integer("vocab_size", defaults["vocab_size"]),
+        rms_norm_eps=c.number("rms_norm_eps", defaults["rms_norm_eps"]),
+        rope=rope_from_hf(c),
         qk_norm=model_type == "qwen3",  # Qwen3 decoder layer: RMSNorm on each q/k head before RoPE
     )
 
 
-def _fused_layers(top_ids, output_ids, target_cfg: ModelConfig | None, where: str) -> tuple[int, ...]:
+def _layer_ids(c: ConfigDict) -> list[int] | None:
+    key = "eagle_aux_hidden_state_layer_ids"
+    ids = c.get(key)
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in ids)):
+        raise c.refuse(key, "a list of target layer indices")
+    return ids
+
+
+def _fused_layers(c: ConfigDict, eagle_config: ConfigDict | None, target_cfg: ModelConfig | None) -> tuple[int, ...]:
     """HF hidden-state indices from top-level (HF-indexed) and/or eagle_config (output-indexed) ids."""
+    top_ids, output_ids, where = _layer_ids(c), eagle_config and _layer_ids(eagle_config), c.where
     from_top = tuple(sorted(top_ids)) if top_ids else None
     from_outputs = tuple(sorted(i + 1 for i in output_ids)) if output_ids else None
     if from_top and from_outputs and from_top != from_outputs:
@@ -295,10 +272,10 @@ def _fc_fused_count(tensors: dict, target_hidden: int, where: str) -> None:
         )
 
 
-def _eagle3_config(c: _Config, layer: dict, tensors: dict, where: str, *, norm_before_residual: bool,
+def _eagle3_config(c: ConfigDict, layer: dict, tensors: dict, where: str, *, norm_before_residual: bool,
                    norm_before_fc: bool, fc_norm: bool, norm_output: bool, fused: tuple[int, ...]) -> DraftConfig:
     hidden = layer["hidden_size"]
-    target_hidden = c.get("target_hidden_size", hidden)
+    target_hidden = c.integer("target_hidden_size", hidden)
     _fc_fused_count(tensors, target_hidden, where)
     try:
         return DraftConfig(
@@ -310,7 +287,7 @@ def _eagle3_config(c: _Config, layer: dict, tensors: dict, where: str, *, norm_b
             head_dim=layer["head_dim"],
             target_hidden_size=target_hidden,
             target_vocab_size=layer["vocab_size"],
-            draft_vocab_size=c.get("draft_vocab_size", layer["vocab_size"]),
+            draft_vocab_size=c.integer("draft_vocab_size", layer["vocab_size"]),
             rms_norm_eps=layer["rms_norm_eps"],
             rope=layer["rope"],
             feature_layers=fused,
@@ -325,8 +302,11 @@ def _eagle3_config(c: _Config, layer: dict, tensors: dict, where: str, *, norm_b
 
 def _hf_config(config: dict, tensors: dict, target_cfg, where: str) -> tuple[DraftConfig, bool]:
     """SafeAILab / SpecForge / NVIDIA heads: one flat LlamaConfig-like dict."""
-    c = _Config(config, f"{where}/config.json")
-    arch = (c.get("architectures") or [None])[0]
+    c = ConfigDict(config, f"{where}/config.json")
+    architectures = c.get("architectures", [None])
+    if not isinstance(architectures, list):
+        raise c.refuse("architectures", "a list of names")
+    arch = (architectures or [None])[0]
     eagle3 = arch in EAGLE3_ARCHITECTURES or "draft_vocab_size" in config or "d2t" in tensors or LAYER + "hidden_norm.weight" in tensors
     if not eagle3 and arch not in (None, *EAGLE1_ARCHITECTURES):
         raise EagleError(
@@ -336,30 +316,30 @@ def _hf_config(config: dict, tensors: dict, target_cfg, where: str) -> tuple[Dra
     layer = _layer_config(c)
     if not eagle3:
         c.get("tie_word_embeddings")  # an EAGLE-1 head has no lm_head: it uses the target's
-        fc_bias = bool(c.get("bias", True))  # SafeAILab cnets1: Linear(2d, d, bias=config.bias), default true
+        fc_bias = c.flag("bias", True)  # SafeAILab cnets1: Linear(2d, d, bias=config.bias), default true
         c.refuse_unknown(HARMLESS_KEYS)
         return _eagle1_config(layer, fc_bias, where), layer["qk_norm"]
     c.expect("tie_word_embeddings", False, False)
     c.expect("bias", False, False)  # SafeAILab's EAGLE-3 fc has no bias; others read "bias" as attention bias
     c.expect("num_aux_hidden_states", NUM_FUSED, NUM_FUSED)
-    ec = _Config(c.get("eagle_config", {}), f"{c.where} eagle_config")
+    ec = ConfigDict(c.get("eagle_config", {}), f"{c.where} eagle_config")
     ec.expect("use_aux_hidden_state", True, True)
     ec.expect("use_input_layernorm_in_first_layer", True, True)
     ec.expect("use_last_layernorm", True, True)
     ec.expect("use_mtp_layernorm", False, False)
     ec.expect("parallel_draft_step", 1, 1)
     # NVIDIA heads may set norm_before_fc inside eagle_config (vLLM #42143 reads it there)
-    top, nested = c.get("norm_before_fc"), ec.get("norm_before_fc")
-    if top is not None and nested is not None and bool(top) != bool(nested):
+    top, nested = c.flag("norm_before_fc", None), ec.flag("norm_before_fc", None)
+    if top is not None and nested is not None and top != nested:
         raise EagleError(f"{c.where}: norm_before_fc is {top} at the top level but {nested} in eagle_config")
     norm_before_fc = bool(top if top is not None else nested)
-    fused = _fused_layers(c.get("eagle_aux_hidden_state_layer_ids"), ec.get("eagle_aux_hidden_state_layer_ids"), target_cfg, c.where)
+    fused = _fused_layers(c, ec, target_cfg)
     ec.refuse_unknown(EAGLE_CONFIG_HARMLESS_KEYS)
-    fc_norm = c.get("fc_norm", False) or c.get("use_aux_norm", False)  # use_aux_norm: SGLang's older name
+    fc_norm = c.flag("fc_norm", False) or c.flag("use_aux_norm", False)  # use_aux_norm: SGLang's older name
     dcfg = _eagle3_config(
         c, layer, tensors, where, fused=fused,
-        norm_before_residual=c.get("norm_before_residual", False),  # the reference: the raw hidden is the residual
-        norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=c.get("norm_output", False),
+        norm_before_residual=c.flag("norm_before_residual", False),  # the reference: the raw hidden is the residual
+        norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=c.flag("norm_output", False),
     )
     c.refuse_unknown(HARMLESS_KEYS)
     return dcfg, layer["qk_norm"]
@@ -367,11 +347,11 @@ def _hf_config(config: dict, tensors: dict, target_cfg, where: str) -> tuple[Dra
 
 def _speculators_config(config: dict, tensors: dict, target_cfg, where: str) -> tuple[DraftConfig, bool]:
     """vllm-project/speculators heads: head flags on top, the layer in transformer_layer_config."""
-    c = _Config(config, f"{where}/config.json")
+    c = ConfigDict(config, f"{where}/config.json")
     kind = c.get("speculators_model_type")
     if kind not in ("eagle3", "eagle"):
         raise EagleError(f"{c.where}: speculators_model_type {kind!r} is not supported (supported: eagle3, eagle)")
-    lc = _Config(c.get("transformer_layer_config", {}), f"{c.where} transformer_layer_config")
+    lc = ConfigDict(c.get("transformer_layer_config", {}), f"{c.where} transformer_layer_config")
     layer = _layer_config(lc)
     # the layer config is the verifier's own config with the layer count overridden; the speculator
     # never ties its lm_head (eagle: the verifier's; eagle3: its own draft-vocab head)
@@ -381,18 +361,18 @@ def _speculators_config(config: dict, tensors: dict, target_cfg, where: str) -> 
         c.expect("transformer_layer_architecture", "LlamaDecoderLayer", "LlamaDecoderLayer")
         c.expect("layernorms", False, False)  # the HASS/TTT variant's extra norms
         c.get("tie_word_embeddings")  # no lm_head of its own: the verifier's
-        dcfg = _eagle1_config(layer, bool(c.get("fusion_bias", False)), where)
+        dcfg = _eagle1_config(layer, c.flag("fusion_bias", False), where)
         c.refuse_unknown(SPECULATORS_HARMLESS_KEYS)
         return dcfg, layer["qk_norm"]
     if "norm_before_residual" not in config:
         # speculators' class default is false, vLLM's reader of this layout defaults it to true
         raise EagleError(f"{c.where}: a speculators eagle3 config must set norm_before_residual (speculators and vLLM default it differently)")
     c.expect("tie_word_embeddings", False, False)
-    fused = _fused_layers(c.get("eagle_aux_hidden_state_layer_ids"), None, target_cfg, c.where)
+    fused = _fused_layers(c, None, target_cfg)
     dcfg = _eagle3_config(
         c, layer, tensors, where, fused=fused,
-        norm_before_residual=c.get("norm_before_residual"), norm_before_fc=c.get("norm_before_fc", False),
-        fc_norm=c.get("fc_norm", False), norm_output=c.get("norm_output", False),
+        norm_before_residual=c.flag("norm_before_residual", False), norm_before_fc=c.flag("norm_before_fc", False),
+        fc_norm=c.flag("fc_norm", False), norm_output=c.flag("norm_output", False),
     )
     c.refuse_unknown(SPECULATORS_HARMLESS_KEYS)
     return dcfg, layer["qk_norm"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -10,6 +11,7 @@ from safetensors import safe_open
 from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json
+from eagle_jax.loading.config_dict import ConfigDict
 from eagle_jax.loading.params import assemble_params
 
 ARCHITECTURES = {
@@ -20,20 +22,21 @@ ARCHITECTURES = {
 }
 
 
-def rope_from_hf(config: dict) -> RopeConfig:
+def rope_from_hf(c: ConfigDict) -> RopeConfig:
     """RopeConfig from HF's `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5)."""
-    scaling = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(scaling.get("rope_theta", config.get("rope_theta", 10000.0)))
+    key = "rope_parameters" if c.get("rope_parameters") is not None else "rope_scaling"
+    scaling = ConfigDict(c.get(key, {}), f"{c.where} {key}")
+    theta = scaling.number("rope_theta", c.number("rope_theta", 10000.0))
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return RopeConfig(theta=theta)
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
-        factor=float(scaling.get("factor", 1.0)),
-        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-        original_max_position=int(scaling.get("original_max_position_embeddings", 8192)),
+        factor=scaling.number("factor", 1.0),
+        low_freq_factor=scaling.number("low_freq_factor", 1.0),
+        high_freq_factor=scaling.number("high_freq_factor", 4.0),
+        original_max_position=scaling.integer("original_max_position_embeddings", 8192),
     )
 
 
@@ -42,39 +45,38 @@ REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
 
 def config_from_hf(config: dict, source: str) -> ModelConfig:
     supported = ", ".join(ARCHITECTURES)
-    architectures = config.get("architectures")
+    c = ConfigDict(config, f"{source}/config.json")
+    architectures = c.get("architectures")
     if not architectures or not isinstance(architectures, list):
-        raise EagleError(f"{source}: config.json names no architecture (expected \"architectures\": [NAME] with one of {supported})")
+        raise EagleError(f"{c.where} names no architecture (expected \"architectures\": [NAME] with one of {supported})")
     arch = architectures[0]
     if arch not in ARCHITECTURES:
-        raise EagleError(f"{source}: unsupported architecture {arch}; supported: {supported}")
-    missing = [key for key in REQUIRED_KEYS if not isinstance(config.get(key), int) or isinstance(config.get(key), bool)
-               or config[key] < 1]
-    if missing:
-        raise EagleError(f"{source}: config.json lacks a positive integer {missing[0]!r}, which a {arch} config must give")
+        raise EagleError(f"{c.where}: unsupported architecture {json.dumps(arch)}; supported: {supported}")
+    vocab, hidden, intermediate, layers, heads = (c.integer(key) for key in REQUIRED_KEYS)
     family = ARCHITECTURES[arch]
-    heads = config["num_attention_heads"]
-    window = config.get("sliding_window")
-    uses_window = family == "mistral" or config.get("use_sliding_window", False)
-    eos = config.get("eos_token_id")
+    uses_window = family == "mistral" or c.flag("use_sliding_window", False)
+    window = c.integer("sliding_window", None)
+    bos = c.token_ids("bos_token_id", vocab)
+    if len(bos) > 1:
+        raise c.refuse("bos_token_id", f"one token id from 0 to {vocab - 1}")
     return ModelConfig(
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_layers=config["num_hidden_layers"],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
         num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
-        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        num_kv_heads=c.integer("num_key_value_heads", heads),
+        head_dim=c.integer("head_dim", max(hidden // heads, 1)),
         family=family,
-        rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-        rope=rope_from_hf(config),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+        rms_norm_eps=c.number("rms_norm_eps", 1e-6),
+        rope=rope_from_hf(c),
+        tie_embeddings=c.flag("tie_word_embeddings", False),
+        qkv_bias=family == "qwen2" or c.flag("attention_bias", False),
         qk_norm=family == "qwen3",
-        max_position=config.get("max_position_embeddings", 8192),
+        max_position=c.integer("max_position_embeddings", 8192),
         sliding_window=window if uses_window else None,
-        bos_token_id=config.get("bos_token_id"),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        bos_token_id=bos[0] if bos else None,
+        eos_token_ids=c.token_ids("eos_token_id", vocab),
     )
 
 
