@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -51,7 +50,7 @@ def config_from_hf(config: dict, source: str) -> ModelConfig:
         raise EagleError(f"{c.where} names no architecture (expected \"architectures\": [NAME] with one of {supported})")
     arch = architectures[0]
     if arch not in ARCHITECTURES:
-        raise EagleError(f"{c.where}: unsupported architecture {json.dumps(arch)}; supported: {supported}")
+        raise EagleError(f"{c.where}: unsupported architecture {arch}; supported: {supported}")
     vocab, hidden, intermediate, layers, heads = (c.integer(key) for key in REQUIRED_KEYS)
     family = ARCHITECTURES[arch]
     uses_window = family == "mistral" or c.flag("use_sliding_window", False)
