@@ -14,6 +14,7 @@ import time
 from typing import NamedTuple
 
 import jax
+import jinja2
 import numpy as np
 from jax.sharding import Mesh
 
@@ -128,8 +129,6 @@ class Engine:
         tok = self.target.tokenizer
         if raw:
             return tok.encode("".join(m["content"] for m in messages), add_special_tokens=False)
-        import jinja2
-
         try:
             ids = tok.apply_chat_template(messages, add_generation_prompt=True)
         except jinja2.TemplateError as e:  # a broken template, or one that refuses this conversation

@@ -228,17 +228,10 @@ def _layer_config(c: ConfigDict) -> dict:
     )
 
 
-def _layer_ids(c: ConfigDict) -> list[int] | None:
-    key = "eagle_aux_hidden_state_layer_ids"
-    ids = c.get(key)
-    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in ids)):
-        raise c.refuse(key, "a list of target layer indices")
-    return ids
-
-
 def _fused_layers(c: ConfigDict, eagle_config: ConfigDict | None, target_cfg: ModelConfig | None) -> tuple[int, ...]:
     """HF hidden-state indices from top-level (HF-indexed) and/or eagle_config (output-indexed) ids."""
-    top_ids, output_ids, where = _layer_ids(c), eagle_config and _layer_ids(eagle_config), c.where
+    key = "eagle_aux_hidden_state_layer_ids"
+    top_ids, output_ids, where = c.indices(key), eagle_config and eagle_config.indices(key), c.where
     from_top = tuple(sorted(top_ids)) if top_ids else None
     from_outputs = tuple(sorted(i + 1 for i in output_ids)) if output_ids else None
     if from_top and from_outputs and from_top != from_outputs:

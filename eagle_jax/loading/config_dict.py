@@ -12,6 +12,11 @@ REQUIRED = object()  # the default of a key that must be given
 MAX_ID = 2**31 - 1  # token ids and sizes travel as int32
 
 
+def is_integer(value) -> bool:
+    """A JSON integer: true and false are bools, not integers."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class ConfigDict:
     """config.json's object; `where` names it in errors ("DIR/config.json")."""
 
@@ -41,7 +46,7 @@ class ConfigDict:
         value = self.get(key)
         if value is None and default is not REQUIRED:
             return default
-        if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_ID:
+        if not is_integer(value) or not minimum <= value <= MAX_ID:
             raise self.refuse(key, f"an integer from {minimum} to {MAX_ID}")
         return value
 
@@ -62,9 +67,16 @@ class ConfigDict:
         """A token id or a list of them, each below vocab_size."""
         value = self.get(key, [])
         ids = value if isinstance(value, list) else [value]
-        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        if not all(is_integer(i) and 0 <= i < vocab_size for i in ids):
             raise self.refuse(key, f"a token id or a list of token ids, each from 0 to {vocab_size - 1}")
         return tuple(ids)
+
+    def indices(self, key: str) -> list[int] | None:
+        """A list of non-negative integers, or None when absent."""
+        value = self.get(key)
+        if value is not None and not (isinstance(value, list) and all(is_integer(i) and 0 <= i <= MAX_ID for i in value)):
+            raise self.refuse(key, "a list of indices")
+        return value
 
     def refuse_unknown(self, harmless: frozenset) -> None:
         unknown = sorted(set(self.values) - self.read - harmless)
