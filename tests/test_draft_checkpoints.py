@@ -114,7 +114,7 @@ def test_unknown_flag_in_speculators_layer_config(tmp_path):
     ("hidden_act", "gelu", "eagle1", 'hidden_act="gelu" is not supported'),
     ("tie_word_embeddings", True, "eagle3", "tie_word_embeddings=true"),
     ("use_sliding_window", True, "eagle1", "use_sliding_window=true"),
-    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "eagle1", "'dynamic'"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "eagle1", 'rope_scaling: rope type "dynamic" is not supported'),
     ("bias", True, "eagle3", "bias=true"),
 ])
 def test_refused_flag_values(tmp_path, key, value, name, expected):

@@ -41,7 +41,7 @@ from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_directory_atomic, write_json_atomic
-from eagle_jax.loading.config_dict import ConfigDict
+from eagle_jax.loading.config_dict import PRETRAINED_CONFIG_KEYS, ConfigDict
 from eagle_jax.loading.hf import read_safetensors, rope_from_hf
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -57,25 +57,13 @@ LAYER_DEFAULTS = {
                   num_attention_heads=32, num_key_value_heads=32, head_dim=128, rms_norm_eps=1e-6),
 }
 
-# Keys that do not change the head's computation. Generation/serving metadata, token ids, training
-# switches, and: max_position_embeddings (our RoPE has no table to outgrow; the reference extends its
-# cos/sin cache on demand), attention_dropout (inference), pretraining_tp (only slices the matmuls).
-HARMLESS_KEYS = frozenset({
-    "_name_or_path", "name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-    "initializer_range", "use_cache", "max_position_embeddings", "attention_dropout", "pretraining_tp",
-    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation", "use_bfloat16",
-    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "chunk_size_feed_forward",
-    "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
-    "tie_encoder_decoder", "pruned_heads", "id2label", "label2id", "problem_type", "finetuning_task",
-    "tokenizer_class", "prefix", "task_specific_params", "tf_legacy_loss", "max_length", "min_length",
-    "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature",
-    "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-    "max_window_layers",  # only read when use_sliding_window is on, which we refuse
-})
+# Keys that do not change the head's computation: transformers' generic config attributes, and
+# max_position_embeddings (our RoPE has no table to outgrow; the reference extends its cos/sin cache
+# on demand), initializer_range and use_cache, attention_dropout (inference), pretraining_tp (only
+# slices the matmuls), max_window_layers (only read when use_sliding_window is on, which we refuse).
+HARMLESS_KEYS = PRETRAINED_CONFIG_KEYS | {
+    "initializer_range", "use_cache", "max_position_embeddings", "attention_dropout", "pretraining_tp", "max_window_layers",
+}
 SPECULATORS_HARMLESS_KEYS = HARMLESS_KEYS | {
     "model_type", "speculators_version", "speculators_config", "has_no_defaults_at_init",
     "embed_requires_grad", "enable_sp_ulysses",  # training switches
@@ -207,7 +195,6 @@ def _layer_config(c: ConfigDict) -> dict:
     c.expect("qkv_bias", False, False)
     c.expect("is_causal", True, True)
     c.expect("logit_scale", 1.0, 1.0)
-    c.expect("partial_rotary_factor", 1.0, 1.0)
     c.expect("use_sliding_window", False, False)
     c.get("sliding_window")  # read only by sliding-window layers, refused above and by layer_types
     if c.get("quantization_config") is not None or c.get("compression_config") is not None:

@@ -11,6 +11,23 @@ from eagle_jax.errors import EagleError
 REQUIRED = object()  # the default of a key that must be given
 MAX_ID = 2**31 - 1  # token ids and sizes travel as int32
 
+# transformers' PretrainedConfig attributes that no model computes with: provenance and dtype,
+# special token ids (read where they matter), output switches, task labels and generation defaults.
+PRETRAINED_CONFIG_KEYS = frozenset({
+    "_name_or_path", "name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation", "use_bfloat16",
+    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "chunk_size_feed_forward",
+    "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
+    "tie_encoder_decoder", "pruned_heads", "id2label", "label2id", "problem_type", "finetuning_task",
+    "tokenizer_class", "prefix", "task_specific_params", "tf_legacy_loss", "max_length", "min_length",
+    "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature",
+    "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+})
+
 
 def is_integer(value) -> bool:
     """A JSON integer: true and false are bools, not integers."""

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 from safetensors import safe_open
 
-from eagle_jax.model.config import ModelConfig, RopeConfig
+from eagle_jax.model.config import ROPE_TYPES, ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json
-from eagle_jax.loading.config_dict import ConfigDict
+from eagle_jax.loading.config_dict import PRETRAINED_CONFIG_KEYS, ConfigDict
 from eagle_jax.loading.params import assemble_params
 
 ARCHITECTURES = {
@@ -21,12 +22,24 @@ ARCHITECTURES = {
 }
 
 
+# rope_scaling / rope_parameters keys: what each implemented type reads, and the type's own name
+ROPE_KEYS = frozenset({"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+                       "original_max_position_embeddings", "partial_rotary_factor"})
+
+
 def rope_from_hf(c: ConfigDict) -> RopeConfig:
-    """RopeConfig from HF's `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5)."""
+    """RopeConfig from HF's `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5);
+    a rope type or key we do not compute (yarn, dynamic, longrope, mrope_section...) is refused."""
     key = "rope_parameters" if c.get("rope_parameters") is not None else "rope_scaling"
+    c.get("rope_scaling")  # beside rope_parameters: the same setting under its transformers-4 name
     scaling = ConfigDict(c.get(key, {}), f"{c.where} {key}")
     theta = scaling.number("rope_theta", c.number("rope_theta", 10000.0))
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise EagleError(f"{scaling.where}: rope type {json.dumps(rope_type)} is not supported (eagle-jax implements {', '.join(ROPE_TYPES)})")
+    for where in (c, scaling):
+        where.expect("partial_rotary_factor", 1.0, 1.0)
+    scaling.refuse_unknown(ROPE_KEYS)
     if rope_type == "default":
         return RopeConfig(theta=theta)
     return RopeConfig(
@@ -40,9 +53,44 @@ def rope_from_hf(c: ConfigDict) -> RopeConfig:
 
 
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# Keys that do not change what a target computes: transformers' generic config attributes, and
+# initializer_range, use_cache, attention_dropout (training), pretraining_tp (only slices the matmuls),
+# max_window_layers (which layers slide: every layer is given the window, see sliding_window_of),
+# SmolLM2's is_llama_config and transformers.js_config (metadata for other libraries).
+TARGET_HARMLESS_KEYS = PRETRAINED_CONFIG_KEYS | {
+    "initializer_range", "use_cache", "attention_dropout", "pretraining_tp", "max_window_layers",
+    "is_llama_config", "transformers.js_config",
+}
+# Known keys of features we do not compute, refused when set (null or false is their absence).
+UNIMPLEMENTED_KEYS = {
+    "attn_logit_softcapping": "attention logit softcapping",
+    "final_logit_softcapping": "final logit softcapping",
+    "quantization_config": "quantized weights (load an unquantized checkpoint)",
+    "use_mrope": "multimodal rotary embeddings",
+    "rope_interleaved": "interleaved rotary embeddings",
+    "logits_scaling": "scaled logits",
+}
+
+
+def sliding_window_of(c: ConfigDict, family: str) -> int | None:
+    """The attention window, or None for full attention. Mistral slides when sliding_window is set;
+    Qwen2/3 when use_sliding_window (only from layer max_window_layers on, or as layer_types say).
+    Every layer gets the window: a cache no longer than it (the model refuses longer ones) makes
+    windowed and full attention the same, so the layers need not be told apart."""
+    layer_types = c.get("layer_types", [])
+    kinds = ("full_attention", "sliding_attention")
+    if not isinstance(layer_types, list) or any(t not in kinds for t in layer_types):
+        raise c.refuse("layer_types", f"a list of {' or '.join(kinds)}")
+    window = c.integer("sliding_window", None)
+    slides = c.flag("use_sliding_window", family == "mistral") or "sliding_attention" in layer_types
+    if slides and window is None and "sliding_attention" in layer_types:
+        raise c.refuse("sliding_window", "the window size of the sliding_attention layers")
+    return window if slides else None
 
 
 def config_from_hf(config: dict, source: str) -> ModelConfig:
+    """ModelConfig of a HF config.json. Every key is read, refused, or known to be harmless: a key
+    that would change the model and that we do not compute is one error line naming it."""
     supported = ", ".join(ARCHITECTURES)
     c = ConfigDict(config, f"{source}/config.json")
     architectures = c.get("architectures")
@@ -51,14 +99,22 @@ def config_from_hf(config: dict, source: str) -> ModelConfig:
     arch = architectures[0]
     if arch not in ARCHITECTURES:
         raise EagleError(f"{c.where}: unsupported architecture {arch}; supported: {supported}")
-    vocab, hidden, intermediate, layers, heads = (c.integer(key) for key in REQUIRED_KEYS)
     family = ARCHITECTURES[arch]
-    uses_window = family == "mistral" or c.flag("use_sliding_window", False)
-    window = c.integer("sliding_window", None)
+    model_type = c.get("model_type", family)
+    if model_type != family:
+        raise EagleError(f"{c.where}: model_type {json.dumps(model_type)} does not match architecture {arch} (model_type {family})")
+    vocab, hidden, intermediate, layers, heads = (c.integer(key) for key in REQUIRED_KEYS)
+    c.expect("hidden_act", "silu", "silu")
+    c.expect("mlp_bias", False, False)
+    if family != "qwen2":  # Qwen2 always has q/k/v biases and no attention_bias key
+        c.expect("attention_bias", False, False)  # it would also put a bias on o_proj
+    for key, feature in UNIMPLEMENTED_KEYS.items():
+        if c.get(key) not in (None, False):
+            raise EagleError(f"{c.where}: {key}={json.dumps(c.values[key])} asks for {feature}, which eagle-jax does not implement")
     bos = c.token_ids("bos_token_id", vocab)
     if len(bos) > 1:
         raise c.refuse("bos_token_id", f"one token id from 0 to {vocab - 1}")
-    return ModelConfig(
+    cfg = ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -70,13 +126,15 @@ def config_from_hf(config: dict, source: str) -> ModelConfig:
         rms_norm_eps=c.number("rms_norm_eps", 1e-6),
         rope=rope_from_hf(c),
         tie_embeddings=c.flag("tie_word_embeddings", False),
-        qkv_bias=family == "qwen2" or c.flag("attention_bias", False),
+        qkv_bias=family == "qwen2",
         qk_norm=family == "qwen3",
         max_position=c.integer("max_position_embeddings", 8192),
-        sliding_window=window if uses_window else None,
+        sliding_window=sliding_window_of(c, family),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=c.token_ids("eos_token_id", vocab),
     )
+    c.refuse_unknown(TARGET_HARMLESS_KEYS)
+    return cfg
 
 
 def read_safetensors(directory: str) -> dict[str, np.ndarray]:
