@@ -174,17 +174,6 @@ def test_d2t_outside_target_vocab(tmp_path):
     assert "outside the target vocabulary" in load_error(head(tmp_path, "eagle3", edit_tensors=shift))
 
 
-def test_bin_without_torch(tmp_path, monkeypatch):
-    case = CASES["eagle1"]
-    config, _ = checkpoint(case, make_raw(case, TARGET), TARGET)
-    os.makedirs(tmp_path / "bin")
-    (tmp_path / "bin" / "config.json").write_text(json.dumps(config))
-    (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really a pickle")
-    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
-    message = load_error(str(tmp_path / "bin"))
-    assert "torch is not installed" in message and "safetensors" in message and "st.save_file" in message
-
-
 def test_corrupted_safetensors(tmp_path):
     path = head(tmp_path, "eagle1")
     with open(os.path.join(path, "model.safetensors"), "r+b") as f:

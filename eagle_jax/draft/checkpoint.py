@@ -1,7 +1,8 @@
 """Draft-head checkpoints: import from the public EAGLE layouts, export in the EAGLE-3 HF layout.
 
-`load_draft` reads a directory holding config.json and model.safetensors (or pytorch_model.bin when
-torch is installed) in any of these layouts:
+`load_draft` reads a directory holding config.json and safetensors or pytorch_model.bin weights
+(sharded with an index or not; .bin files are read without torch, see loading/torch_pickle.py) in
+any of these layouts:
   * SafeAILab EAGLE-1/2 (yuhuili/EAGLE-*): a LlamaConfig with num_hidden_layers 1 and "bias" (the
     fc bias, default true); fc.weight (d, 2d) [+ fc.bias], layers.0.{self_attn, mlp,
     post_attention_layernorm}.*; no input_layernorm.
@@ -42,7 +43,7 @@ from eagle_jax.draft.config import DraftConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_directory_atomic, write_json_atomic
 from eagle_jax.loading.config_dict import PRETRAINED_CONFIG_KEYS, ConfigDict
-from eagle_jax.loading.hf import read_safetensors, rope_from_hf
+from eagle_jax.loading.hf import read_weights, rope_from_hf
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -128,38 +129,6 @@ def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype=jnp.float
         except EagleError as e:
             raise EagleError(f"{path}: {e}") from None
     return dcfg, _params_from_tensors(tensors, dcfg, qk_norm, dtype, path)
-
-
-def read_weights(directory: str) -> dict[str, np.ndarray]:
-    """All tensors of a directory: *.safetensors, else pytorch_model*.bin through torch."""
-    names = os.listdir(directory)
-    if any(n.endswith(".safetensors") for n in names):
-        return read_safetensors(directory)
-    bins = sorted(n for n in names if n.endswith(".bin"))
-    if not bins:
-        raise EagleError(f"{directory}: no weights found (expected model.safetensors or pytorch_model.bin)")
-    try:
-        import torch
-    except ImportError:
-        src = os.path.join(directory, bins[0])
-        dst = os.path.join(directory, "model.safetensors")
-        raise EagleError(
-            f"{src} is a torch pickle and torch is not installed; convert it to safetensors once, where torch is, with: "
-            f"python -c \"import torch, safetensors.torch as st; sd = torch.load('{src}', map_location='cpu', weights_only=True); "
-            f"st.save_file({{k: v.contiguous() for k, v in sd.items()}}, '{dst}', metadata={{'format': 'pt'}})\""
-        ) from None
-    tensors = {}
-    for name in bins:
-        file = os.path.join(directory, name)
-        try:
-            state = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises many types for corrupt or foreign pickles
-            raise EagleError(f"cannot read {file}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-        for key, t in state.items():
-            t = t.detach().contiguous()
-            # numpy has no bfloat16: reinterpret the bits as ml_dtypes' bfloat16 (what jax uses)
-            tensors[key] = t.view(torch.int16).numpy().view(jnp.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
-    return tensors
 
 
 def canonical_weight_names(tensors: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Local Hugging Face model directories: config.json + one or many *.safetensors (with index)."""
+"""Local Hugging Face model directories: config.json + safetensors or pytorch_model.bin weights (sharded with an index or not)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json
 from eagle_jax.loading.config_dict import PRETRAINED_CONFIG_KEYS, ConfigDict
 from eagle_jax.loading.params import assemble_params
+from eagle_jax.loading.torch_pickle import read_torch_file
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -137,34 +138,51 @@ def config_from_hf(config: dict, source: str) -> ModelConfig:
     return cfg
 
 
-def read_safetensors(directory: str) -> dict[str, np.ndarray]:
-    """All tensors of a directory's *.safetensors files (sharded via model.safetensors.index.json)."""
-    index = os.path.join(directory, "model.safetensors.index.json")
+def weight_files(directory: str, suffix: str, index_name: str) -> list[str]:
+    """The directory's weight files ending in suffix: those its index names, else all of them."""
+    index = os.path.join(directory, index_name)
     if os.path.exists(index):
-        files = sorted(set(read_json(index, what="a safetensors index")["weight_map"].values()))
-    else:
-        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        weight_map = read_json(index, what="a weight index").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise EagleError(f"{index}: expected a \"weight_map\" from weight names to file names")
+        return sorted(set(weight_map.values()))
+    return sorted(f for f in os.listdir(directory) if f.endswith(suffix))
+
+
+def read_weights(directory: str) -> dict[str, np.ndarray]:
+    """All tensors of a directory: its *.safetensors files, else its pytorch_model*.bin files (read
+    by eagle_jax.loading.torch_pickle, without torch), each set sharded by an index or not."""
+    files = weight_files(directory, ".safetensors", "model.safetensors.index.json")
+    bins = not files
+    if bins:
+        files = weight_files(directory, ".bin", "pytorch_model.bin.index.json")
     if not files:
-        raise EagleError(f"{directory}: no *.safetensors weights found")
+        raise EagleError(f"{directory}: no weights found (expected *.safetensors or pytorch_model*.bin files)")
     tensors = {}
     for name in files:
         path = os.path.join(directory, name)
-        try:
-            with safe_open(path, framework="numpy") as f:
-                for key in f.keys():
-                    tensors[key] = f.get_tensor(key)
-        except FileNotFoundError:
-            raise EagleError(f"missing weight file {path} (named in the index)") from None
-        except Exception as e:  # safetensors raises its own error types for corrupt headers
-            raise EagleError(f"cannot read {path}: {e}") from None
+        if not os.path.isfile(path):
+            raise EagleError(f"missing weight file {path} (named in the index)")
+        for key, value in (read_torch_file(path) if bins else read_safetensors(path)).items():
+            if key in tensors:
+                raise EagleError(f"{directory}: weight {key} appears in two files")
+            tensors[key] = value
     return tensors
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    try:
+        with safe_open(path, framework="numpy") as f:
+            return {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise EagleError(f"cannot read {path}: {e}") from None
 
 
 def load_hf_directory(directory: str, dtype) -> tuple[ModelConfig, dict]:
     """(config, params) of a Llama-family HF checkpoint directory, without torch."""
     source = directory
     cfg = config_from_hf(read_json(os.path.join(directory, "config.json"), what="a Hugging Face model config"), source)
-    tensors = read_safetensors(directory)
+    tensors = read_weights(directory)
     tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
 
     def get(name):
