@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import re
 import sys
 
 from eagle_jax.errors import EagleError
@@ -100,6 +101,18 @@ def seed_int(text: str) -> int:
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {text}")
     return value
+
+
+BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def byte_size(text: str) -> int:
+    """A size such as 2GB, 500MB, 1.5GiB or 1000000 (bytes), as Hugging Face writes max_shard_size."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([KMG]I?B|B)?\s*", text, re.IGNORECASE)
+    value = float(match[1]) * BYTE_UNITS[(match[2] or "").upper()] if match else 0
+    if not 1 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GB, 500MB or 1GiB (at least 1 byte), got {text!r}")
+    return int(value)
 
 
 class OneLineParser(argparse.ArgumentParser):

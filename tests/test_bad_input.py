@@ -3,12 +3,14 @@ traceback now gives a clear answer, on a tiny random target written as a Hugging
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.errors import EagleError
+from eagle_jax.infer.arguments import byte_size
 from eagle_jax.infer.cli import main
 from test_cli import assert_one_line_error
 from test_train_support import write_tiny_head, write_tiny_model
@@ -375,3 +377,14 @@ def test_what_a_killed_export_left_is_removed_at_the_next_start(capsys, tiny_mod
     out = capsys.readouterr().out
     assert f"removed what an interrupted write left behind: {litter[0]}, {litter[1]}" in out
     assert not any(p.exists() for p in litter) and (run / "draft" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("text, size", [("2GB", 2 * 10**9), ("500MB", 5 * 10**8), ("1.5GiB", 3 * 2**29), ("1000", 1000), ("20 kb", 20000)])
+def test_sizes_read_as_hugging_face_writes_them(text, size):
+    assert byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GB", "0", "-1GB", "1e3MB", "nanGB", "2TB", "2 G B"])
+def test_a_size_that_is_not_one_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a size such as 2GB"):
+        byte_size(text)

@@ -34,12 +34,14 @@ def run(*argv: str) -> int:
     return cli.run(parser.parse_args(list(argv)))
 
 
-LEARN = ("--max-steps", "40", "--lr", "1e-2", "--eval-every", "40", "--log-every", "1", "--draft-vocab", "80", "--fc-norm", "--norm-output")
+LEARN = ("--max-steps", "40", "--lr", "1e-2", "--eval-every", "40", "--log-every", "1", "--draft-vocab", "80", "--fc-norm", "--norm-output",
+         "--max-shard-size", "20KB")
 
 
 @pytest.fixture(scope="module")
 def learned(files, tmp_path_factory):
-    """40 updates of an EAGLE-3.1 head (fc_norm, norm_output), 3 TTT steps, target features online."""
+    """40 updates of an EAGLE-3.1 head (fc_norm, norm_output), 3 TTT steps, target features online;
+    the head exported in safetensors shards of at most 20 kB."""
     model, data = files
     out = str(tmp_path_factory.mktemp("learned") / "run")
     assert run(*tiny_run_args(model, data, out, *LEARN)) == 0
@@ -60,6 +62,9 @@ def test_short_run_learns_and_exports_a_loadable_head(files, learned):
     assert len(trained) == 3 and untrained.max() < 0.05 and trained.min() > 0.2, (untrained, trained)  # every TTT step learns
     assert np.mean(train_losses(learned)[-5:]) < 0.75 * np.mean(train_losses(learned)[:5])
     assert train[-1]["tokens_per_s"] > 0 and train[-1]["lr"] < train[10]["lr"]
+    index = json.loads(open(os.path.join(learned, "draft", "model.safetensors.index.json")).read())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and all(os.path.getsize(os.path.join(learned, "draft", s)) < 20_000 + 4096 for s in shards)
     dcfg, params = load_draft(os.path.join(learned, "draft"), load_target(model).cfg)
     assert (dcfg.kind, dcfg.draft_vocab_size, dcfg.fc_norm, dcfg.norm_output) == ("eagle3", 80, True, True)
     np.testing.assert_array_equal(params["d2t"], DraftVocab.load(os.path.join(learned, "vocab.npz")).d2t)
@@ -231,6 +236,7 @@ def test_bad_input_is_a_one_line_error_and_overwrites_nothing(files, learned, tm
         (tiny_run_args(model, data, out, "--head", "eagle1"), "eagle1 head predicts over the target's full vocabulary"),
         (tiny_run_args(model, data, out, "--draft-vocab", "500"), "--draft-vocab must be in"),
         (tiny_run_args(model, data, out, "--batch-size", "300"), "cannot fill one update"),
+        (tiny_run_args(model, data, out, "--max-shard-size", "1KB"), r"--max-shard-size 1000 bytes is smaller than the head's fc.weight"),
     ]
     questions_only = tmp_path / "questions.json"
     questions_only.write_text(json.dumps([{"conversations": [{"from": "human", "value": "w1"}]}]))

@@ -13,7 +13,7 @@ import sys
 
 from eagle_jax.errors import EagleError
 from eagle_jax.files import check_output_path
-from eagle_jax.infer.arguments import HelpFormatter, OneLineParser, add_distributed_arguments, initialize_distributed, require_extra, seed_int
+from eagle_jax.infer.arguments import HelpFormatter, OneLineParser, add_distributed_arguments, byte_size, initialize_distributed, require_extra, seed_int
 from eagle_jax.loading.registry import DEFAULT_MODEL
 from eagle_jax.train.data import LONG_SAMPLE_POLICIES, SHAREGPT
 from eagle_jax.train.metrics import EvalHook
@@ -77,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--log-every", type=int, default=d.log_every, help="optimizer updates between lines of OUT/metrics.jsonl")
     run_group.add_argument("--keep", type=int, default=d.keep, help="checkpoints to keep")
     run_group.add_argument("--no-progress", action="store_true", help="no progress bars (training steps, regeneration)")
+    run_group.add_argument("--max-shard-size", type=byte_size, default=None, metavar="SIZE",
+                           help="export OUT/draft as safetensors shards of at most SIZE (2GB, 500MB...) with an index (default: one file)")
     add_distributed_arguments(run_group)
 
 
@@ -92,7 +94,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         regen_max_new_tokens=args.regen_max_new_tokens, regen_batch_size=args.regen_batch_size,
         regen_keep_turns=args.regen_keep_turns, init_head=args.init_head, revocab=args.revocab, seed=args.seed,
         resume=args.resume, fsdp=args.fsdp, eval_every=args.eval_every, save_every=args.save_every, log_every=args.log_every,
-        keep=args.keep, progress=not args.no_progress,
+        keep=args.keep, progress=not args.no_progress, max_shard_bytes=args.max_shard_size,
     )
 
 

@@ -80,8 +80,9 @@ class TrainConfig:
     log_every: int = 10
     keep: int = 3
     progress: bool = True
+    max_shard_bytes: int | None = None  # export the head in safetensors shards of at most this size; None: one file
 
-    OPERATIONAL = ("out", "resume", "fsdp", "eval_every", "save_every", "log_every", "keep", "progress")
+    OPERATIONAL = ("out", "resume", "fsdp", "eval_every", "save_every", "log_every", "keep", "progress", "max_shard_bytes")
 
     def __post_init__(self):
         if self.dtype not in DTYPES or (self.feature_dtype or self.dtype) not in DTYPES:

@@ -21,7 +21,7 @@ import optax
 from jax.sharding import Mesh
 
 from eagle_jax.model import transformer as target_model
-from eagle_jax.draft.checkpoint import export_draft
+from eagle_jax.draft.checkpoint import check_shard_size, export_draft
 from eagle_jax.files import remove_leftovers
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.draft.model import init_draft_params, project_features
@@ -214,6 +214,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     compute_dtype = jnp.dtype(cfg.dtype)
     target = load_target(cfg.model, dtype=compute_dtype)
     dcfg, initial, initial_d2t = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None, None)
+    check_shard_size(dcfg, cfg.max_shard_bytes)
     os.makedirs(cfg.out, exist_ok=True)
     mesh_lib.on_main_process(lambda: remove_run_leftovers(cfg.out), "leftovers")
     train_set, dev_set = prepare_data(cfg, target)
@@ -313,7 +314,7 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
         return STOPPED_BY_SIGNAL
     head = export_ready(state["params"])
     if jax.process_index() == 0:
-        export_draft(os.path.join(cfg.out, "draft"), dcfg, head)
+        export_draft(os.path.join(cfg.out, "draft"), dcfg, head, max_shard_bytes=cfg.max_shard_bytes)
         if os.path.exists(log.path):
             plot_curves(log.path, os.path.join(cfg.out, "curves.png"))
     mesh_lib.barrier("exported")

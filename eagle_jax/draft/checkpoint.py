@@ -496,6 +496,17 @@ def export_draft(directory: str, dcfg: DraftConfig, dparams: dict, max_shard_byt
     write_directory_atomic(directory, fill)
 
 
+def check_shard_size(dcfg: DraftConfig, max_shard_bytes: int | None, itemsize: int = 4) -> None:
+    """Refuse, before a run, a shard size that the head's largest float tensor would not fit."""
+    if max_shard_bytes is None:
+        return
+    name, shape = max(checkpoint_shapes(dcfg).items(), key=lambda item: np.prod(item[1]))
+    need = int(np.prod(shape)) * itemsize
+    if need > max_shard_bytes:
+        raise EagleError(f"--max-shard-size {max_shard_bytes} bytes is smaller than the head's {name} {shape} "
+                         f"({need} bytes in float32); give at least that")
+
+
 def shard_tensors(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
     """Tensors grouped in name order into shards of at most max_bytes tensor bytes each (the
     safetensors header, a few kB, comes on top)."""
