@@ -205,13 +205,14 @@ def build_engine(args: argparse.Namespace):
     from eagle_jax.draft.checkpoint import load_draft
     from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import load_target
+    from eagle_jax.loading.hub import resolve_head_path
     from eagle_jax.loading.registry import default_head_dir
 
     from eagle_jax.mesh import make_mesh, parse_mesh
 
     sizes = parse_mesh(args.mesh) if args.mesh else None
     initialize_distributed(args)  # before anything asks JAX for its devices
-    draft_dir = None if args.no_spec else args.draft or default_head_dir(args.model)
+    draft_dir = None if args.no_spec else resolve_head_path(args.draft) if args.draft else default_head_dir(args.model)
     if draft_dir is None and not args.no_spec:
         raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
     choice = tree_choice(args, draft_dir)

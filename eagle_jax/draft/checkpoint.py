@@ -44,6 +44,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_directory_atomic, write_json_atomic
 from eagle_jax.loading.config_dict import PRETRAINED_CONFIG_KEYS, ConfigDict
 from eagle_jax.loading.hf import read_weights, rope_from_hf
+from eagle_jax.loading.hub import resolve_head_path
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -107,7 +108,8 @@ EXPORT_MAX_POSITIONS = 131072
 
 
 def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype=jnp.float32) -> tuple[DraftConfig, dict]:
-    """Load a draft head from a directory in one of the public layouts (see the module docstring).
+    """Load a draft head from a directory in one of the public layouts (see the module docstring),
+    or from a Hub id `org/name[@revision]` (a local path of the same spelling wins).
 
     target_cfg: the target the head will serve; its sizes are checked against the head's, and it
     supplies the default fused layers (2, N//2, N-3) of an EAGLE-3 head that names none.
@@ -115,20 +117,29 @@ def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype=jnp.float
     Returns (DraftConfig, params) in the layout of `eagle_jax.draft.model`. Raises EagleError with a
     one-line message for anything it cannot load faithfully.
     """
+    path = resolve_head_path(path)
     if not os.path.isdir(path):
-        raise EagleError(f"{path}: not a directory (a draft head is a directory with config.json and weights)")
+        raise EagleError(f"{path}: not a directory (a draft head is a directory with config.json and weights, or a Hub id org/name[@revision])")
     config = read_json(os.path.join(path, "config.json"), what="a draft head's config")
     tensors = canonical_weight_names(read_weights(path), path)
+    dcfg, qk_norm = head_config(config, tensors, target_cfg, path)
+    return dcfg, _params_from_tensors(tensors, dcfg, qk_norm, dtype, path)
+
+
+def head_config(config: dict, tensors: dict, target_cfg: ModelConfig | None, where: str) -> tuple[DraftConfig, bool]:
+    """(DraftConfig, whether the layer has q/k norms) of a head's config.json, checked against the
+    target when given. tensors (canonical names) settle what a config may leave unsaid: whether an
+    EAGLE-3 head is one (d2t, hidden_norm) and how many target states its fc fuses."""
     if "speculators_model_type" in config:
-        dcfg, qk_norm = _speculators_config(config, tensors, target_cfg, path)
+        dcfg, qk_norm = _speculators_config(config, tensors, target_cfg, where)
     else:
-        dcfg, qk_norm = _hf_config(config, tensors, target_cfg, path)
+        dcfg, qk_norm = _hf_config(config, tensors, target_cfg, where)
     if target_cfg is not None:
         try:
             dcfg.check_target(target_cfg)
         except EagleError as e:
-            raise EagleError(f"{path}: {e}") from None
-    return dcfg, _params_from_tensors(tensors, dcfg, qk_norm, dtype, path)
+            raise EagleError(f"{where}: {e}") from None
+    return dcfg, qk_norm
 
 
 def canonical_weight_names(tensors: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:

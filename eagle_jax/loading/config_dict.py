@@ -11,10 +11,11 @@ from eagle_jax.errors import EagleError
 REQUIRED = object()  # the default of a key that must be given
 MAX_ID = 2**31 - 1  # token ids and sizes travel as int32
 
-# transformers' PretrainedConfig attributes that no model computes with: provenance and dtype,
+# transformers' PretrainedConfig attributes that no model computes with: provenance, remote-code
+# class names (auto_map: we never run a repo's code) and dtype,
 # special token ids (read where they matter), output switches, task labels and generation defaults.
 PRETRAINED_CONFIG_KEYS = frozenset({
-    "_name_or_path", "name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
+    "_name_or_path", "name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
     "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
     "_attn_implementation", "_attn_implementation_autoset", "attn_implementation", "use_bfloat16",
     "return_dict", "output_hidden_states", "output_attentions", "torchscript", "chunk_size_feed_forward",

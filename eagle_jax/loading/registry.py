@@ -1,4 +1,4 @@
-"""Resolve --model (built-in short name, HF directory or .gguf file) to a loaded target."""
+"""Resolve --model (built-in short name, HF directory, .gguf file or Hub id) to a loaded target."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
+from eagle_jax.loading.hub import resolve_hub_model
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # short name -> (package carrying the file, file name, pip command)
@@ -44,7 +45,9 @@ class TargetModel:
 
 
 def resolve_model_path(name: str) -> str:
-    """Path of a model: a built-in short name, a .gguf file or a HF directory."""
+    """Local path of a model: a built-in short name, an existing .gguf file or HF directory (which
+    wins over a hub id of the same spelling), or a Hub id `org/name[@rev]` / `org/name/FILE.gguf[@rev]`
+    (downloaded into the Hugging Face cache)."""
     if name in BUILTIN_MODELS:
         package, filename, install = BUILTIN_MODELS[name]
         spec = importlib.util.find_spec(package)
@@ -54,12 +57,18 @@ def resolve_model_path(name: str) -> str:
         if not os.path.exists(path):
             raise EagleError(f"built-in model {name!r}: {path} is missing; reinstall with: {install}")
         return path
-    if os.path.isdir(name) or name.endswith(".gguf"):
-        if not os.path.exists(name):
-            raise EagleError(f"model path {name} does not exist")
+    if os.path.exists(name):
+        if not (os.path.isdir(name) or name.endswith(".gguf")):
+            raise EagleError(f"model path {name} is neither a directory with config.json nor a .gguf file")
         return name
+    downloaded = resolve_hub_model(name)
+    if downloaded is not None:
+        return downloaded
+    if name.endswith(".gguf") or os.sep in name:
+        raise EagleError(f"model path {name} does not exist")
     raise EagleError(
-        f"unknown model {name!r}: expected a built-in name ({', '.join(BUILTIN_MODELS)}), a .gguf file or a directory with config.json"
+        f"unknown model {name!r}: expected a built-in name ({', '.join(BUILTIN_MODELS)}), a .gguf file, a directory "
+        "with config.json, or a Hugging Face Hub id (org/name[@revision], org/name/FILE.gguf)"
     )
 
 
