@@ -130,8 +130,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
     default = TreeConfig()
 
-    p.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory (config.json + safetensors) or .gguf file")
-    p.add_argument("--draft", default=None, help="draft head directory (ours, EAGLE-1/2, EAGLE-3, speculators layouts); "
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory, .gguf file, or Hub id org/name[@rev] (org/name/FILE.gguf for GGUF repos)")
+    p.add_argument("--draft", default=None, help="draft head directory or Hub id org/name[@rev] (ours, EAGLE-1/2, EAGLE-3, speculators layouts); "
                                                  "default: the built-in head of --model")
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding, no draft head")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="new tokens per answer at most")

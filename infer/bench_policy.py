@@ -75,6 +75,12 @@ def auto_tune_trees(base: TreeConfig) -> list[TreeConfig]:
 
 def draft_directory(draft: str | None) -> str:
     """The draft head directory the tuned settings are written into."""
+    from eagle_jax.loading.hub import parse_hub_id
+
+    if draft is not None and not os.path.exists(draft) and parse_hub_id(draft):
+        raise EagleError(f"--auto-tune saves tree.json into the draft head's directory, and a Hub head lives in the Hugging Face "
+                         f"cache: download it into a directory of your own (hf download {draft.split('@')[0]} --local-dir DIR) "
+                         "and pass --draft DIR")
     if draft is None or not os.path.isdir(draft):
         raise EagleError(f"--auto-tune saves tree.json into the draft head directory; --draft {draft} is not a directory")
     if not os.access(draft, os.W_OK):

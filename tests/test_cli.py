@@ -189,7 +189,7 @@ def test_missing_weights(capsys, tmp_path):
     src = os.path.join(os.path.dirname(__file__), "fixtures", "llama", "config.json")
     (tmp_path / "config.json").write_text(open(src).read())
     code, _, err = run_cli(capsys, "generate", "--no-spec", "--prompt", "hi", "--model", str(tmp_path))
-    assert_one_line_error(code, err, "no *.safetensors weights found")
+    assert_one_line_error(code, err, "no weights found (expected *.safetensors or pytorch_model*.bin files)")
 
 
 def test_spec_without_draft_head(capsys, tmp_path):

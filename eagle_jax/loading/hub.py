@@ -13,6 +13,8 @@ import fnmatch
 import os
 import re
 
+from tqdm.auto import tqdm
+
 from eagle_jax.errors import EagleError
 
 # owner/name as the Hub spells them, an optional path inside the repo (a .gguf file), @revision
@@ -66,6 +68,13 @@ def choose_weights(files: list[str]) -> list[str]:
     return SAFETENSORS if has(SAFETENSORS) or not has(TORCH_BINS) else TORCH_BINS
 
 
+class SilentBar(tqdm):
+    """A progress bar that shows nothing (for listing a repo, which downloads nothing)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **(kwargs | {"disable": True}))
+
+
 def download_directory(name: str, repo: str, revision: str | None, extra: list[str]) -> str:
     """The local snapshot directory of `repo` holding its configs, one weight format and `extra`."""
     from huggingface_hub import snapshot_download
@@ -73,7 +82,8 @@ def download_directory(name: str, repo: str, revision: str | None, extra: list[s
 
     with hub_errors(name):
         try:  # list the repo's weights (nothing is downloaded) to fetch only one format
-            listed = snapshot_download(repo, revision=revision, allow_patterns=SAFETENSORS + TORCH_BINS + ["*.gguf"], dry_run=True)
+            listed = snapshot_download(repo, revision=revision, allow_patterns=SAFETENSORS + TORCH_BINS + ["*.gguf"],
+                                       dry_run=True, tqdm_class=SilentBar)
         except DryRunError:  # the Hub cannot be asked: take the format the cache holds
             formats = [SAFETENSORS, TORCH_BINS]
         else:
