@@ -9,6 +9,7 @@ import os
 import pytest
 
 from eagle_jax.draft.checkpoint import head_config
+from eagle_jax.errors import EagleError
 from eagle_jax.model.config import ModelConfig, RopeConfig
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "published_heads")
@@ -58,3 +59,13 @@ def test_the_fixture_readme_names_a_source_for_each_config():
     for file in files:
         row = next(line for line in readme.splitlines() if line.startswith(f"| {file} |"))
         assert "huggingface.co/" in row or "SafeAILab/EAGLE" in row, row
+
+
+def test_angelslim_names_the_target_family():
+    """AngelSlim's Qwen3-8B EAGLE-3 config is SpecForge's with architecture Eagle3LlamaForCausalLM and
+    target_model_type "qwen3" (Tencent/AngelSlim configs/qwen3-8b-eagle3.json)."""
+    with open(os.path.join(FIXTURES, "SpecForge_qwen3-8b-eagle3.json")) as f:
+        config = json.load(f) | {"architectures": ["Eagle3LlamaForCausalLM"], "target_model_type": "qwen3"}
+    assert head_config(config, {}, QWEN3_8B, "angelslim")[0].draft_vocab_size == 32000
+    with pytest.raises(EagleError, match="trained for a qwen3 target \\(target_model_type\\), the target is llama"):
+        head_config(config, {}, LLAMA3_8B, "angelslim")

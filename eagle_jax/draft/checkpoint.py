@@ -295,6 +295,9 @@ def _hf_config(config: dict, tensors: dict, target_cfg, where: str) -> tuple[Dra
     norm_before_fc = bool(top if top is not None else nested)
     fused = _fused_layers(c, ec, target_cfg)
     ec.refuse_unknown(EAGLE_CONFIG_HARMLESS_KEYS)
+    target_type = c.get("target_model_type")  # AngelSlim names the target's family
+    if target_type is not None and target_cfg is not None and target_type != target_cfg.family:
+        raise EagleError(f"{c.where}: the head was trained for a {target_type} target (target_model_type), the target is {target_cfg.family}")
     fc_norm = c.flag("fc_norm", False) or c.flag("use_aux_norm", False)  # use_aux_norm: SGLang's older name
     dcfg = _eagle3_config(
         c, layer, tensors, where, fused=fused,
