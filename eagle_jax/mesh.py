@@ -119,6 +119,8 @@ def place(tree, shardings) -> object:
     each device receives only its own shard."""
 
     def put(x, sharding):
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+            return x  # already there (loaded straight into its shards)
         host = np.asarray(x)
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 

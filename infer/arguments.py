@@ -209,6 +209,7 @@ def build_engine(args: argparse.Namespace):
     from eagle_jax.loading.registry import default_head_dir
 
     from eagle_jax.mesh import make_mesh, parse_mesh
+    from eagle_jax.model.sharding import target_shardings
 
     sizes = parse_mesh(args.mesh) if args.mesh else None
     initialize_distributed(args)  # before anything asks JAX for its devices
@@ -218,7 +219,8 @@ def build_engine(args: argparse.Namespace):
     choice = tree_choice(args, draft_dir)
     mesh = None if sizes is None else make_mesh(sizes)
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
-    target = load_target(args.model, dtype=dtype)
+    shardings = None if mesh is None else lambda cfg, params: target_shardings(mesh, cfg, params)
+    target = load_target(args.model, dtype=dtype, shardings=shardings)  # straight into its shards
     draft = None if draft_dir is None else load_draft(draft_dir, target.cfg, dtype=dtype)
     engine = Engine(target, draft, sampling_config(args), args.max_new_tokens, args.cache_len, args.attention, mesh)
     if choice.tree is not None:

@@ -12,18 +12,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import os
 import shutil
 import zlib
 
+import jax
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.disk_cache import cache_root
 from eagle_jax.errors import EagleError, warn
 from eagle_jax.files import read_json, remove_leftovers, write_directory_atomic, write_json_atomic
+from eagle_jax.loading.params import HostTensor
 
 
 # Part of every entry's key: entries written for another params layout are never read.
@@ -31,6 +34,7 @@ PARAMS_LAYOUT = "per-layer, matrices (out, in)"
 CHECKSUMS = "checksums.json"
 # Staging directories younger than this may belong to another process converting now.
 LIVE_WRITE_S = 3600
+MAX_STORED_BYTES = 4 << 30  # float32 weights kept converted only up to this size
 
 
 def entry_dir(path: str) -> str | None:
@@ -44,7 +48,7 @@ def entry_dir(path: str) -> str | None:
 
 
 def load_converted(path: str):
-    """(cfg, float32 numpy params, tokenizer) from the cache, or None on a miss. An entry whose files
+    """(cfg, params of unread float32 HostTensors, tokenizer) from the cache, or None on a miss. An entry whose files
     do not match the checksums written with it, or that does not load, is removed with a warning
     (the caller converts the GGUF again and stores a new one)."""
     entry = entry_dir(path)
@@ -64,10 +68,12 @@ def load_converted(path: str):
 def _read_entry(entry: str):
     from transformers import PreTrainedTokenizerFast
 
+    from eagle_jax.loading.hf import safetensors_sources
+
     fields = read_json(os.path.join(entry, "config.json"), what="a converted model's config")
     fields["rope"] = RopeConfig(**fields["rope"])
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
-    params = unflatten_dict(load_file(os.path.join(entry, "params.safetensors")), sep=".")
+    params = unflatten_dict(safetensors_sources(os.path.join(entry, "params.safetensors")), sep=".")
     params["layers"] = [params["layers"][str(i)] for i in range(len(params["layers"]))]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(entry, "tokenizer"))
     return ModelConfig(**fields), params, tokenizer
@@ -90,8 +96,16 @@ def checksums(entry: str) -> dict[str, str]:
     return sums
 
 
+def worth_storing(path: str, params: dict) -> bool:
+    """Whether to keep a GGUF converted: the cache is on, and its float32 weights are small enough
+    (storing reads them all on the host at once; a large model is dequantized tensor by tensor at
+    each load instead)."""
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, HostTensor))
+    return entry_dir(path) is not None and sum(4 * math.prod(t.shape) for t in leaves) <= MAX_STORED_BYTES
+
+
 def store_converted(path: str, cfg: ModelConfig, params: dict, tokenizer) -> None:
-    """Write a cache entry atomically; failures (read-only home, full disk) only skip the cache."""
+    """Write a cache entry of (numpy) params atomically; failures (read-only home, full disk) only skip the cache."""
     entry = entry_dir(path)
     if entry is None:
         return

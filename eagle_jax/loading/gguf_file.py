@@ -1,14 +1,17 @@
-"""GGUF files (llama.cpp): read, dequantize every tensor, undo the q/k row permutation."""
+"""GGUF files (llama.cpp): read, dequantize each tensor when it is placed, undo the q/k row permutation."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
-from eagle_jax.loading.params import assemble_params
+from eagle_jax.loading.params import HostTensor, assemble_params
 
 # GGUF architecture -> (our family, whether llama.cpp permuted the q/k rows at conversion)
+DEQUANTIZE_BYTES = 8 << 20  # quantized bytes dequantized at once
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("mistral", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 
 
@@ -65,24 +68,32 @@ def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, out // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: str, dtype) -> tuple[ModelConfig, dict]:
-    """(config, params) from a .gguf file; every tensor dequantized to float32 first."""
+def load_gguf(path: str) -> tuple[ModelConfig, dict]:
+    """(config, params of unread HostTensors) of a .gguf file: each tensor is dequantized to float32
+    (and its q/k rows unpermuted) when it is read."""
     import gguf
 
     reader = open_gguf(path)
     cfg = config_from_gguf(reader, path)
     _, permuted = ARCHITECTURES[field(reader, "general.architecture")]
-    tensors = {}
-    for t in reader.tensors:
-        try:
-            tensors[t.name] = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def dequantized(t, heads: int | None) -> np.ndarray:
+        shape = tuple(int(n) for n in reversed(t.shape))  # numpy order: (out, in)
+        w = np.empty(shape, np.float32)
+        step = max(1, DEQUANTIZE_BYTES // max(1, t.data[:1].nbytes)) if t.data.ndim > 1 else len(t.data)
+        try:  # a block of rows at a time: the dequantizer's temporaries are several times its output
+            for start in range(0, max(len(t.data), 1), step):
+                w[start:start + step] = gguf.quants.dequantize(t.data[start:start + step], t.tensor_type).reshape(w[start:start + step].shape)
         except NotImplementedError:
             raise EagleError(f"{path}: tensor {t.name} has unsupported type {t.tensor_type.name}") from None
+        return w if heads is None else unpermute_rows(w, heads)
 
-    def get(name):
+    def get(name: str, heads: int | None = None) -> HostTensor:
         if name not in tensors:
             raise EagleError(f"{path}: missing tensor {name}")
-        return tensors[name]
+        t = tensors[name]
+        return HostTensor(tuple(int(n) for n in reversed(t.shape)), functools.partial(dequantized, t, heads))
 
     names = {
         "attn_norm": "attn_norm", "mlp_norm": "ffn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
@@ -94,13 +105,9 @@ def load_gguf(path: str, dtype) -> tuple[ModelConfig, dict]:
         layer = {}
         for key, name in names.items():
             full = f"blk.{i}.{name}" + ("" if name.endswith(".bias") else ".weight")
-            if full not in tensors:
-                continue
-            w = tensors[full]  # numpy order: (out, in) for matrices
-            if permuted and key in ("wq", "wk"):
-                w = unpermute_rows(w, cfg.num_heads if key == "wq" else cfg.num_kv_heads)
-            layer[key] = w
+            if full in tensors:
+                heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads}.get(key) if permuted else None
+                layer[key] = get(full, heads)
         layers.append(layer)
     lm_head = None if cfg.tie_embeddings else get("output.weight")
-    params = assemble_params(cfg, get("token_embd.weight"), get("output_norm.weight"), lm_head, layers, dtype, path)
-    return cfg, params
+    return cfg, assemble_params(cfg, get("token_embd.weight"), get("output_norm.weight"), lm_head, layers, path)

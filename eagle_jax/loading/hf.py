@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 
@@ -12,7 +14,7 @@ from eagle_jax.model.config import ROPE_TYPES, ModelConfig, RopeConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json
 from eagle_jax.loading.config_dict import PRETRAINED_CONFIG_KEYS, ConfigDict
-from eagle_jax.loading.params import assemble_params
+from eagle_jax.loading.params import HostTensor, assemble_params
 from eagle_jax.loading.torch_pickle import read_torch_file
 
 ARCHITECTURES = {
@@ -149,46 +151,64 @@ def weight_files(directory: str, suffix: str, index_name: str) -> list[str]:
     return sorted(f for f in os.listdir(directory) if f.endswith(suffix))
 
 
-def read_weights(directory: str) -> dict[str, np.ndarray]:
-    """All tensors of a directory: its *.safetensors files, else its pytorch_model*.bin files (read
-    by eagle_jax.loading.torch_pickle, without torch), each set sharded by an index or not."""
+def weight_sources(directory: str) -> dict[str, HostTensor]:
+    """Every tensor of a directory, unread: its *.safetensors files (each tensor read on its own when
+    asked), else its pytorch_model*.bin files (read without torch, a whole file at a time), each set
+    sharded by an index or not."""
     files = weight_files(directory, ".safetensors", "model.safetensors.index.json")
     bins = not files
     if bins:
         files = weight_files(directory, ".bin", "pytorch_model.bin.index.json")
     if not files:
         raise EagleError(f"{directory}: no weights found (expected *.safetensors or pytorch_model*.bin files)")
-    tensors = {}
+    sources = {}
     for name in files:
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             raise EagleError(f"missing weight file {path} (named in the index)")
-        for key, value in (read_torch_file(path) if bins else read_safetensors(path)).items():
-            if key in tensors:
+        found = {k: HostTensor.of(v) for k, v in read_torch_file(path).items()} if bins else safetensors_sources(path)
+        for key, source in found.items():
+            if key in sources:
                 raise EagleError(f"{directory}: weight {key} appears in two files")
-            tensors[key] = value
-    return tensors
+            sources[key] = source
+    return sources
 
 
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
+def read_weights(directory: str) -> dict[str, np.ndarray]:
+    """All tensors of a directory (see weight_sources), read, in their files' dtypes."""
+    return {key: source.read() for key, source in weight_sources(directory).items()}
+
+
+def safetensors_sources(path: str) -> dict[str, HostTensor]:
+    def read(key: str) -> np.ndarray:
+        with safetensors_file(path) as f:
+            return f.get_tensor(key)
+
+    with safetensors_file(path) as f:
+        return {key: HostTensor(tuple(f.get_slice(key).get_shape()), functools.partial(read, key)) for key in f.keys()}
+
+
+@contextlib.contextmanager
+def safetensors_file(path: str):
     try:
         with safe_open(path, framework="numpy") as f:
-            return {key: f.get_tensor(key) for key in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
+            yield f
+    except EagleError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for corrupt headers and data
         raise EagleError(f"cannot read {path}: {e}") from None
 
 
-def load_hf_directory(directory: str, dtype) -> tuple[ModelConfig, dict]:
-    """(config, params) of a Llama-family HF checkpoint directory, without torch."""
+def load_hf_directory(directory: str) -> tuple[ModelConfig, dict]:
+    """(config, params of unread HostTensors) of a Llama-family HF checkpoint directory, without torch."""
     source = directory
     cfg = config_from_hf(read_json(os.path.join(directory, "config.json"), what="a Hugging Face model config"), source)
-    tensors = read_weights(directory)
-    tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
+    tensors = {k.removeprefix("model."): v for k, v in weight_sources(directory).items()}
 
     def get(name):
         if name not in tensors:
             raise EagleError(f"{source}: missing weight {name}")
-        return np.asarray(tensors[name], np.float32)
+        return tensors[name]
 
     names = {
         "attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
@@ -202,5 +222,4 @@ def load_hf_directory(directory: str, dtype) -> tuple[ModelConfig, dict]:
         prefix = f"layers.{i}."
         layers.append({k: get(prefix + n) for k, n in names.items() if prefix + n in tensors})
     lm_head = None if cfg.tie_embeddings else get("lm_head.weight")
-    params = assemble_params(cfg, get("embed_tokens.weight"), get("norm.weight"), lm_head, layers, dtype, source)
-    return cfg, params
+    return cfg, assemble_params(cfg, get("embed_tokens.weight"), get("norm.weight"), lm_head, layers, source)

@@ -1,13 +1,61 @@
-"""Assemble the params pytree from per-layer weights, matrices (out, in) as checkpoints store them."""
+"""Assemble the params pytree from per-layer weights, matrices (out, in) as checkpoints store them,
+and place it: tensor by tensor, each device receiving only its own slice.
+
+Loaders hand over each weight as a `HostTensor` (its shape, and how to read it as float32 on the
+host), so that no more than one tensor is ever read at a time and none is read twice.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
 
 LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTensor:
+    """A weight not read yet: `read()` returns it as a numpy array of `shape` (in the file's dtype,
+    or float32 where it is dequantized)."""
+
+    shape: tuple[int, ...]
+    read: Callable[[], np.ndarray]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> "HostTensor":
+        return cls(tuple(array.shape), lambda: array)
+
+
+def materialize(tree, dtype, shardings=None) -> object:
+    """jax arrays of a pytree of HostTensors, one tensor read (and cast to dtype) on the host at a
+    time. shardings (a pytree of jax shardings, the tree's structure): each device receives only its
+    slice, through jax.make_array_from_callback; None: the default device."""
+    np_dtype = jnp.dtype(dtype)
+
+    def put(source: HostTensor, sharding=None):
+        host = source.read()
+        if tuple(host.shape) != source.shape:
+            raise EagleError(f"a weight read as {tuple(host.shape)}, its file declares {source.shape}")
+        host = host.astype(np_dtype, copy=False)
+        if sharding is None:
+            return jnp.asarray(host)
+        return jax.make_array_from_callback(source.shape, sharding, lambda index: host[index])
+
+    is_leaf = lambda x: isinstance(x, HostTensor)  # noqa: E731
+    if shardings is None:
+        return jax.tree.map(put, tree, is_leaf=is_leaf)
+    return jax.tree.map(put, tree, shardings, is_leaf=is_leaf)
 
 
 def layer_keys(cfg: ModelConfig) -> tuple[str, ...]:
@@ -30,14 +78,14 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def assemble_params(cfg: ModelConfig, embed, final_norm, lm_head, layers: list[dict], dtype, source: str) -> dict:
-    """Check shapes and turn per-layer numpy weights into the model's params pytree."""
+def assemble_params(cfg: ModelConfig, embed, final_norm, lm_head, layers: list[dict], source: str) -> dict:
+    """Check shapes and arrange per-layer HostTensors into the model's params pytree (nothing is read)."""
     shapes = expected_shapes(cfg)
 
-    def check(name, array, shape):
-        if tuple(array.shape) != tuple(shape):
-            raise EagleError(f"{source}: weight {name} has shape {tuple(array.shape)}, expected {tuple(shape)}")
-        return jnp.asarray(array, dtype)
+    def check(name, tensor: HostTensor, shape):
+        if tuple(tensor.shape) != tuple(shape):
+            raise EagleError(f"{source}: weight {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        return tensor
 
     if len(layers) != cfg.num_layers:
         raise EagleError(f"{source}: found {len(layers)} layers, config says {cfg.num_layers}")

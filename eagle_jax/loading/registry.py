@@ -72,28 +72,38 @@ def resolve_model_path(name: str) -> str:
     )
 
 
-def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bool = True) -> TargetModel:
-    """Load config, params (in `dtype`) and tokenizer of a target model."""
-    from eagle_jax.loading.converted import load_converted, store_converted
+def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bool = True, shardings=None) -> TargetModel:
+    """Load config, params (in `dtype`) and tokenizer of a target model.
+
+    shardings: None puts the params on the default device; else a function (cfg, params of
+    HostTensors) -> a pytree of jax shardings, and each device receives only its slice of every
+    tensor (e.g. `lambda cfg, p: eagle_jax.model.sharding.target_shardings(mesh, cfg, p)`). Either
+    way the weights are read, cast and placed one tensor at a time.
+    """
+    from eagle_jax.loading.converted import load_converted, store_converted, worth_storing
     from eagle_jax.loading.gguf_file import load_gguf, open_gguf
     from eagle_jax.loading.hf import load_hf_directory
+    from eagle_jax.loading.params import HostTensor, materialize
     from eagle_jax.loading.tokenizer import tokenizer_from_directory, tokenizer_from_gguf
 
     path = resolve_model_path(name)
     if os.path.isdir(path):
-        cfg, params = load_hf_directory(path, dtype)
+        cfg, sources = load_hf_directory(path)
         tokenizer = tokenizer_from_directory(path) if with_tokenizer else None
-        check_tokenizer(tokenizer, cfg, path)
-        return TargetModel(cfg, params, tokenizer, path)
-    converted = load_converted(path)
-    if converted is None:
-        cfg, params = load_gguf(path, jnp.float32)
-        tokenizer = tokenizer_from_gguf(open_gguf(path), path)
-        store_converted(path, cfg, params, tokenizer)
     else:
-        cfg, params, tokenizer = converted
-    params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+        converted = load_converted(path)
+        if converted is None:
+            cfg, sources = load_gguf(path)
+            store = worth_storing(path, sources)
+            tokenizer = tokenizer_from_gguf(open_gguf(path), path) if with_tokenizer or store else None
+            if store:
+                arrays = jax.tree.map(lambda t: t.read(), sources, is_leaf=lambda x: isinstance(x, HostTensor))
+                store_converted(path, cfg, arrays, tokenizer)
+                sources = jax.tree.map(HostTensor.of, arrays)
+        else:
+            cfg, sources, tokenizer = converted
     check_tokenizer(tokenizer, cfg, path)
+    params = materialize(sources, dtype, None if shardings is None else shardings(cfg, sources))
     return TargetModel(cfg, params, tokenizer if with_tokenizer else None, path)
 
 

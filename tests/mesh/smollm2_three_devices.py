@@ -2,7 +2,8 @@
 devices; tests/test_mesh.py runs this file in a fresh process with
 XLA_FLAGS=--xla_force_host_platform_device_count=3. `eagle-jax generate --mesh model=3` gives the
 text of the run without a mesh, `eagle-jax bench --mesh data=3` decodes identically to plain
-decoding, and a model axis that does not divide the heads is one error line."""
+decoding, a model axis that does not divide the heads is one error line, and the model loads
+straight into its shards, from the GGUF and from safetensors."""
 
 from __future__ import annotations
 
@@ -45,3 +46,55 @@ def test_a_model_axis_that_divides_no_heads_is_one_error_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("eagle-jax: error: a model axis of 2 divides neither the 9 attention heads nor the 3 KV heads of the target; "
                    "model sizes that would: 1, 3, 9")
+
+
+HF_NAMES = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "wq": "self_attn.q_proj",
+            "wk": "self_attn.k_proj", "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
+            "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
+
+
+def write_hf_copy(target, directory) -> None:
+    """The GGUF's model as a Hugging Face directory (config.json, model.safetensors), weights in float32."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    cfg, p = target.cfg, jax.device_get(target.params)
+    tensors = {"model.embed_tokens.weight": p["embed"], "model.norm.weight": p["final_norm"]}
+    for i, layer in enumerate(p["layers"]):
+        tensors |= {f"model.layers.{i}.{HF_NAMES[k]}.weight": w for k, w in layer.items()}
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+              "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+              "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+              "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope.theta, "tie_word_embeddings": True,
+              "max_position_embeddings": cfg.max_position, "eos_token_id": list(cfg.eos_token_ids)}
+    (directory / "config.json").write_text(json.dumps(config))
+    target.tokenizer.save_pretrained(str(directory))
+
+
+def test_loading_onto_a_model_axis_of_three_gives_each_device_only_its_share(tmp_path, monkeypatch):
+    """Straight into shards, from the GGUF (dequantized tensor by tensor, the converted-model cache
+    out of the way) and from safetensors: every tensor the mesh splits is a third on each device
+    (heads, KV heads, MLP units, vocabulary), and the values are those of the single-device load."""
+    import numpy as np
+
+    from eagle_jax.loading import load_target
+    from eagle_jax.mesh import make_mesh
+    from eagle_jax.model.sharding import target_shardings, target_specs
+
+    mesh = make_mesh({"model": 3})
+    one = load_target("smollm2-135m-instruct")
+    write_hf_copy(one, tmp_path)
+    monkeypatch.setattr("eagle_jax.loading.converted.entry_dir", lambda path: None)  # no converted cache
+    for source in ("smollm2-135m-instruct", str(tmp_path)):
+        sharded = load_target(source, shardings=lambda cfg, params: target_shardings(mesh, cfg, params))
+        specs = jax.tree.leaves(target_specs(sharded.cfg, sharded.params, 3), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+        split = 0
+        for spec, array, whole in zip(specs, jax.tree.leaves(sharded.params), jax.tree.leaves(one.params)):
+            axes = [a for a, name in enumerate(spec) if name == "model"]
+            expected = tuple(n // 3 if a in axes else n for a, n in enumerate(array.shape))
+            assert len(array.addressable_shards) == 3
+            assert all(shard.data.shape == expected for shard in array.addressable_shards), (spec, array.shape)
+            np.testing.assert_array_equal(np.asarray(array), np.asarray(whole))
+            split += bool(axes)
+        assert split == 1 + 7 * sharded.cfg.num_layers  # the embedding, wq wk wv wo w_gate w_up w_down of each layer
