@@ -246,7 +246,8 @@ def tiny_model(tmp_path_factory):
     draft = str(tmp_path_factory.mktemp("head") / "draft")
     export_draft(draft, dcfg, init_draft_params(jax.random.key(1), dcfg, scale=0.3))
 
-    def load_target(name, dtype=None, with_tokenizer=True):
+    def load_target(name, dtype=None, with_tokenizer=True, shardings=None):
+        assert shardings is None  # these benches run on one device
         return target
 
     return load_target, draft
