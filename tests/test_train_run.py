@@ -232,7 +232,7 @@ def test_bad_input_is_a_one_line_error_and_overwrites_nothing(files, learned, tm
     out = str(tmp_path / "bad")
     cases = [
         (tiny_run_args(model, str(tmp_path / "missing.json"), out), "does not exist"),
-        (tiny_run_args(str(tmp_path / "no-model"), data, out), "unknown model"),
+        (tiny_run_args(str(tmp_path / "no-model"), data, out), "model path .*no-model does not exist"),
         (tiny_run_args(model, data, out, "--head", "eagle1"), "eagle1 head predicts over the target's full vocabulary"),
         (tiny_run_args(model, data, out, "--draft-vocab", "500"), "--draft-vocab must be in"),
         (tiny_run_args(model, data, out, "--batch-size", "300"), "cannot fill one update"),
