@@ -11,6 +11,7 @@ import re
 import sys
 
 from eagle_jax.errors import EagleError
+from eagle_jax.model.config import ATTENTION_IMPLS
 
 # TreeConfig field -> (its flag, the older spelling still accepted with a note)
 TREE_FLAGS = {
@@ -160,7 +161,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                            f"tokens than top-k children); default: the tuned tree's, else {default.scoring}")
     p.add_argument("--cache-len", type=positive_int, default=None, help="KV cache slots (default: fits prompt + max new tokens)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights and activations")
-    p.add_argument("--attention", choices=("auto", "xla", "pallas", "pallas_interpret"), default="auto",
+    p.add_argument("--attention", choices=ATTENTION_IMPLS, default="auto",
                    help="tree attention of the verify step: auto = Pallas on GPU/TPU, XLA on CPU")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed of sampling")
     p.add_argument("--mesh", default=None, metavar="data=D,model=M",

@@ -4,9 +4,9 @@ One program per (batch row, kv head, tile of packed GQA query rows). It streams 
 prefix in blocks of `block_k` keys, stopping at the row's length (a loop with a dynamic trip count,
 so cache blocks past the length are never read), then the Tk new keys under the packed ancestor
 bitmask, with one online softmax over both. Triton needs power-of-two tiles of at least 16 for its
-dots: query rows and new keys are zero-padded to that here, and the cache is padded along S only
-when S is not a multiple of `block_k` (that costs a copy of the cache; the cache sizes used in
-eagle-jax are multiples of 128, so none happens there).
+dots: query rows and new keys are zero-padded to that here. The cache is padded along S only when
+S is not a multiple of `block_k`, which copies it: eagle-jax allocates caches in multiples of
+CACHE_BLOCK (`eagle_jax.model.attention.cache_slots`), so that never happens there.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from eagle_jax.kernels_pallas.online_softmax import (
 )
 
 _MIN_TILE = 16  # smallest dot operand side Triton accepts
+CACHE_BLOCK = 64  # the default block_k: caches sized in multiples of it are never padded
 
 
 def _kernel(
@@ -83,7 +84,7 @@ def tree_attention_gpu(
     scale: float | None = None,
     interpret: bool = False,
     block_q: int = 64,
-    block_k: int = 64,
+    block_k: int = CACHE_BLOCK,
     block_new: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,

@@ -9,9 +9,10 @@ index skips the DMA) nor computed (`pl.when`); only the empty grid steps remain.
 TPU blocks must end in (8k, 128k) or span the full array dims. The caches are head-major,
 (B, KV, S, D), so one block is a contiguous (block_k, D) slice of one kv head (D spans the full
 last dim, so D = 64 is allowed), and the GQA-packed query rows of that head are one (block_q, D)
-tile. The new keys, a few rows from the projections, are transposed to the same layout here. The
-cache is padded along S only when S is not a multiple of `block_k` (a copy; eagle-jax cache sizes
-are multiples of 128).
+tile. The new keys, a few rows from the projections, are transposed to the same layout here. Where
+S is not a multiple of `block_k`, a block of CACHE_BLOCK keys that divides S is taken instead; the
+cache is padded along S (a copy) only when neither divides it, which never happens for the caches
+eagle-jax allocates (`eagle_jax.model.attention.cache_slots`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from eagle_jax.kernels_pallas.reference import NEG_INF
 
 _LANES = 128
 _SUBLANES = 16  # bf16 packs 16 rows per (8, 128) tile; 16 keeps both dtypes aligned
+CACHE_BLOCK = _LANES  # caches sized in multiples of it are never padded
 
 
 def _kernel(
@@ -120,6 +122,8 @@ def tree_attention_tpu(
     block_q = min(block_q, layout.round_up(tq * groups, _SUBLANES))
     rows = layout.round_up(tq * groups, block_q)
     block_k = min(block_k, layout.round_up(max(s, 1), _SUBLANES))
+    if s % block_k and s % CACHE_BLOCK == 0:
+        block_k = CACHE_BLOCK
     s_pad = layout.round_up(max(s, 1), block_k)  # an empty cache or block becomes one hidden block
     block_new = min(block_new, layout.round_up(max(tk, 1), _SUBLANES))
     tk_pad = layout.round_up(max(tk, 1), block_new)

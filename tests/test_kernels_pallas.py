@@ -30,6 +30,8 @@ from jaxlib.mosaic.python import tpu as tpu_dialect
 from jaxlib.triton import dialect as triton_dialect
 
 from eagle_jax.kernels_pallas import tree_attention_gpu, tree_attention_reference, tree_attention_tpu
+from eagle_jax.errors import EagleError
+from eagle_jax.model import attention
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}  # atol and rtol, per input dtype
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -336,3 +338,22 @@ def test_device_check_script_smoke(tmp_path: pathlib.Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["rows"] and all(row["max_abs_err"] <= row["tolerance"] for row in report["rows"])
+
+
+def test_the_entry_point_picks_a_kernel_per_platform_and_model_axis() -> None:
+    """"auto": the kernel on GPU/TPU where the model shards split the KV heads, else XLA; a named
+    kernel on shards that do not split them is refused in one line."""
+    assert attention.mesh_impl("auto", 4, 2, platform="gpu") == "pallas"
+    assert attention.mesh_impl("auto", 4, 1, platform="tpu") == "pallas"
+    assert attention.mesh_impl("auto", 4, 8, platform="gpu") == "xla"  # the KV heads replicated over 8 shards
+    assert attention.mesh_impl("auto", 4, 2, platform="cpu") == "xla"
+    assert attention.mesh_impl("xla", 4, 8) == "xla"
+    with pytest.raises(EagleError, match=r"^attention 'pallas_tpu_interpret' on a model axis of 8 needs the axis to divide the 3 KV heads"):
+        attention.mesh_impl("pallas_tpu_interpret", 3, 8)
+
+
+@pytest.mark.parametrize("impl, block", [("xla", 1), ("pallas_gpu_interpret", 64), ("pallas_tpu_interpret", 128)])
+def test_caches_are_allocated_in_whole_kernel_blocks(impl: str, block: int) -> None:
+    for slots in (1, 63, 64, 100, 1031):
+        allocated = attention.cache_slots(slots, impl)
+        assert allocated % block == 0 and slots <= allocated < slots + block

@@ -277,10 +277,11 @@ def test_speculative_sampling_follows_the_target_distribution(sampling, tree, dr
     assert chi_square_p(counts.ravel(), biased) < 1e-3
 
 
-def test_greedy_equality_with_pallas_kernels_in_interpret_mode():
+@pytest.mark.parametrize("kernel", ["pallas_gpu_interpret", "pallas_tpu_interpret"])
+def test_greedy_equality_with_pallas_kernels_in_interpret_mode(kernel):
     dcfg, dparams = head("eagle3")
-    interpret = dict(cfg=dataclasses.replace(CFG, attention="pallas_interpret"))
-    ar, spec = run_both(dataclasses.replace(dcfg, attention="pallas_interpret"), dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32,
+    interpret = dict(cfg=dataclasses.replace(CFG, attention=kernel))
+    ar, spec = run_both(dataclasses.replace(dcfg, attention=kernel), dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32,
                         **interpret)
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
     ar_xla, _ = run_both(dataclasses.replace(dcfg, attention="xla"), dparams, TreeConfig(3, 2, 8), max_new_tokens=12, cache_len=32,
@@ -325,3 +326,36 @@ def test_smollm2_greedy_speculative_equals_plain_with_a_random_head(smollm2_targ
         params, dparams = cpu_layout(params), cpu_layout(dparams)
     spec = generate_spec_jit(params, cfg, dparams, dcfg, *prompts, jax.random.key(0), tree=TreeConfig(4, 3, 12), **kw)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+
+
+def padded_shapes(closed_jaxpr, length: int) -> list[tuple[int, ...]]:
+    """Shapes of every array with a dimension of at least `length` that a `pad` in the traced
+    program (sub-programs included) pads."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pad" and max(eqn.invars[0].aval.shape, default=0) >= length:
+                found.append(tuple(eqn.invars[0].aval.shape))
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        walk(sub.jaxpr)
+                    elif isinstance(sub, jax.extend.core.Jaxpr):
+                        walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("kernel", ["pallas_gpu_interpret", "pallas_tpu_interpret"])
+def test_no_attention_call_pads_a_cache(kernel):
+    """Caches are allocated in whole kernel blocks, so neither plain nor speculative decoding pads
+    (copies) one to call a kernel; 96 slots, and 96 + the tree's path, fit neither kernel's block."""
+    cfg, (dcfg, dparams) = dataclasses.replace(CFG, attention=kernel), head("eagle3")
+    dcfg = dataclasses.replace(dcfg, attention=kernel)
+    kw = dict(max_new_tokens=8, cache_len=96)
+    plain = jax.make_jaxpr(lambda p, t, n: generate_ar_jit(p, cfg, t, n, jax.random.key(0), **kw))(PARAMS, *PROMPTS)
+    spec = jax.make_jaxpr(lambda p, dp, t, n: generate_spec_jit(p, cfg, dp, dcfg, t, n, jax.random.key(0), tree=TreeConfig(3, 2, 8), **kw))(
+        PARAMS, dparams, *PROMPTS)
+    assert padded_shapes(plain, 96) == [] and padded_shapes(spec, 96) == []

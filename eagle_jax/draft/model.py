@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from eagle_jax.model import transformer as target_model
 from eagle_jax.draft.config import DraftConfig
+from eagle_jax.model.attention import cache_slots
 from eagle_jax.model.kv_cache import KVCache
 from eagle_jax.model.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
 
@@ -33,7 +34,8 @@ class DraftOutput(NamedTuple):
 
 
 def make_draft_cache(dcfg: DraftConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
-    return KVCache.zeros(1, batch, max_len, dcfg.num_kv_heads, dcfg.head_dim, dtype)
+    """An empty draft cache of max_len usable slots per row (allocated as `cache_slots` says)."""
+    return KVCache.zeros(1, batch, cache_slots(max_len, dcfg.attention), dcfg.num_kv_heads, dcfg.head_dim, dtype)
 
 
 def project_features(dparams: dict, dcfg: DraftConfig, target_out: target_model.ForwardOutput) -> jax.Array:

@@ -4,16 +4,33 @@ Every attention call of target and draft goes through `attend`, which runs the i
 that the model's config names (`ModelConfig.attention`, `DraftConfig.attention`):
   * "xla": the jnp reference (kernels_pallas/reference.py), the oracle and the CPU path;
   * "pallas": the Pallas tree-attention kernel for the current backend (GPU or TPU);
-  * "pallas_interpret": the Pallas kernel in interpret mode (CPU testing);
+  * "pallas_gpu_interpret", "pallas_tpu_interpret": the GPU or the TPU kernel in interpret mode
+    (CPU testing);
   * "auto": Pallas on GPU/TPU, XLA elsewhere.
+
+On a mesh with a "model" axis (decoding traced under the mesh, `eagle_jax.model.sharding`), a
+Pallas kernel runs under shard_map: each device attends with its own query heads over its own KV
+heads, and nothing is gathered. That needs the model axis to divide the KV heads; where it does
+not (the KV heads are then replicated), "auto" falls back to XLA and a named kernel is refused.
+
+Caches are allocated with `cache_slots`, rounded up to the kernel's cache block, so that no
+kernel call pads (copies) a cache.
 """
 
 from __future__ import annotations
 
-import jax
+import functools
 
+import jax
+from jax.sharding import PartitionSpec
+
+from eagle_jax.errors import EagleError
+from eagle_jax.kernels_pallas.layout import round_up
 from eagle_jax.kernels_pallas.reference import tree_attention_reference
 from eagle_jax.model.config import check_attention
+
+MODEL_AXIS = "model"  # the inference mesh's tensor-parallel axis (`eagle_jax.mesh.INFERENCE_AXES`)
+INTERPRETED = {"pallas_gpu_interpret": "gpu", "pallas_tpu_interpret": "tpu"}
 
 
 def resolve_impl(impl: str, platform: str | None = None) -> str:
@@ -25,16 +42,61 @@ def resolve_impl(impl: str, platform: str | None = None) -> str:
     return "pallas" if platform in ("gpu", "cuda", "tpu") else "xla"
 
 
+def kernel_backend(impl: str) -> str:
+    """Which kernel ("gpu" or "tpu") a resolved Pallas implementation runs."""
+    return INTERPRETED.get(impl) or ("tpu" if jax.default_backend() == "tpu" else "gpu")
+
+
+def _kernel(impl: str):
+    """(kernel function, cache block) of a resolved Pallas implementation; the kernels load lazily."""
+    if kernel_backend(impl) == "tpu":
+        from eagle_jax.kernels_pallas.tree_attention_tpu import CACHE_BLOCK, tree_attention_tpu as kernel
+    else:
+        from eagle_jax.kernels_pallas.tree_attention_gpu import CACHE_BLOCK, tree_attention_gpu as kernel
+    return functools.partial(kernel, interpret=impl in INTERPRETED), CACHE_BLOCK
+
+
+def cache_slots(slots: int, impl: str) -> int:
+    """How many slots to allocate for a cache of `slots`: a multiple of the kernel's cache block
+    under Pallas, so that the kernel never pads it; `slots` itself under XLA."""
+    impl = resolve_impl(impl)
+    return slots if impl == "xla" else round_up(slots, _kernel(impl)[1])
+
+
+def model_shards() -> int:
+    """Size of the "model" axis of the mesh being traced under, where it is not already manual."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or MODEL_AXIS not in mesh.axis_names or MODEL_AXIS in mesh.manual_axes:
+        return 1
+    return int(mesh.shape[MODEL_AXIS])
+
+
+def mesh_impl(impl: str, kv_heads: int, shards: int, platform: str | None = None) -> str:
+    """The implementation to run on `shards` model shards: "auto" resolved for `platform`, falling
+    back to XLA where the shards do not split the KV heads; a named kernel there is an EagleError."""
+    resolved = resolve_impl(impl, platform)
+    if resolved == "xla" or kv_heads % shards == 0:
+        return resolved
+    if impl == "auto":
+        return "xla"
+    raise EagleError(f"attention {impl!r} on a model axis of {shards} needs the axis to divide the {kv_heads} KV heads; "
+                     "use --attention xla (or auto) or a model size that divides them")
+
+
 def attend(q, k_cache, v_cache, lengths, k_new, v_new, block_mask, *, impl: str = "auto") -> jax.Array:
     """Attention of q (B, Tq, H, D) over cache keys below lengths (B,) and new keys under block_mask.
 
     Shapes as in `tree_attention_reference`. Returns (B, Tq, H, D).
     """
-    impl = resolve_impl(impl)
+    shards = model_shards()
+    impl = mesh_impl(impl, k_cache.shape[1], shards)
+    args = (q, k_cache, v_cache, lengths, k_new, v_new, block_mask)
     if impl == "xla":
-        return tree_attention_reference(q, k_cache, v_cache, lengths, k_new, v_new, block_mask)
-    from eagle_jax import kernels_pallas
-
-    platform = "cpu" if impl == "pallas_interpret" else jax.default_backend()
-    kernel = kernels_pallas.tree_attention_tpu if platform == "tpu" else kernels_pallas.tree_attention_gpu
-    return kernel(q, k_cache, v_cache, lengths, k_new, v_new, block_mask, interpret=impl == "pallas_interpret")
+        return tree_attention_reference(*args)
+    kernel = _kernel(impl)[0]
+    if shards == 1:
+        return kernel(*args)
+    heads, cache, whole = PartitionSpec(None, None, MODEL_AXIS), PartitionSpec(None, MODEL_AXIS), PartitionSpec()
+    on_shards = jax.shard_map(kernel, in_specs=(heads, cache, cache, whole, heads, heads, whole), out_specs=heads,
+                              axis_names={MODEL_AXIS}, check_vma=False)
+    return on_shards(*args)

@@ -8,7 +8,7 @@ from eagle_jax.errors import EagleError
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
-ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_interpret")  # see eagle_jax.model.attention
+ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_gpu_interpret", "pallas_tpu_interpret")  # see eagle_jax.model.attention
 
 
 def check_attention(attention: str) -> None:

@@ -150,9 +150,13 @@ def over_row_shards(mesh: Mesh | None, fn: Callable, shared, rows, key: jax.Arra
     folded with the shard's index), so sampled output follows the same law as on one device, not
     the same draws. Decoding runs its rows here so that nothing per row (the tree's top-k, which
     XLA's partitioner would gather across rows, acceptance, commit) leaves its shard. Without a
-    mesh, or with one data shard: fn(shared, rows, key)."""
-    if mesh is None or row_count(mesh) == 1:
+    mesh: fn(shared, rows, key); with one data shard, the same traced under the mesh, where the
+    attention kernels find its "model" axis (`eagle_jax.model.attention`)."""
+    if mesh is None:
         return fn(shared, rows, key)
+    if row_count(mesh) == 1:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(shared, rows, key)
     check_rows(mesh, jax.tree.leaves(rows)[0].shape[0])
     axes = row_axes(mesh)
     traced = {}  # the output's structure and which leaves are scalars, recorded as fn is traced

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from eagle_jax.model.attention import cache_slots
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.model.kv_cache import KVCache
@@ -36,13 +37,13 @@ class ForwardOutput(NamedTuple):
 
 
 def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
-    """An empty cache of max_len slots per row."""
+    """An empty cache of max_len usable slots per row (allocated as `cache_slots` says)."""
     if cfg.sliding_window is not None and max_len > cfg.sliding_window:
         raise EagleError(
             f"cache of {max_len} tokens exceeds the model's sliding window of {cfg.sliding_window}; "
             "sliding-window attention is not supported, use a cache no longer than the window"
         )
-    return KVCache.zeros(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+    return KVCache.zeros(cfg.num_layers, batch, cache_slots(max_len, cfg.attention), cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
 def decoder_layer(cfg: ModelConfig, p: dict, x, positions, k_cache, v_cache, lengths, block_mask, inv_freq):

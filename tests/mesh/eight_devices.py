@@ -9,6 +9,7 @@ split parameter or cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -26,9 +27,10 @@ from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.decoding.speculative import SpecConfig, SpecModels, generate_spec, generate_spec_jit, speculative_round, start
 from eagle_jax.decoding.tree import TreeConfig
 from eagle_jax.draft import DraftConfig, init_draft_params
+from eagle_jax.errors import EagleError
 from eagle_jax.infer.engine import Engine
 from eagle_jax.loading import TargetModel
-from eagle_jax.model import sharding
+from eagle_jax.model import attention, sharding
 from eagle_jax.model.transformer import init_params
 from test_speculative import chi_square_p, exact_law
 
@@ -93,6 +95,36 @@ def test_sharded_greedy_speculative_equals_sharded_plain_equals_one_device(data,
     assert spec.tokens.sharding.spec == (P("data") if data > 1 else P())  # the output stays split by rows
 
 
+KERNEL_MESHES = [(2, 4), (1, 4), (2, 2)]
+
+
+@pytest.mark.parametrize("kernel", ["pallas_gpu_interpret", "pallas_tpu_interpret"])
+@pytest.mark.parametrize("data, model", KERNEL_MESHES)
+def test_the_kernels_on_model_shards_give_the_tokens_of_one_device(data, model, kernel):
+    """The Pallas kernels in interpret mode as every attention of target and head, run per model
+    shard under shard_map: sharded greedy speculative and plain decoding == one device under XLA."""
+    mesh = make_mesh(data, model)
+    cfg, (dcfg, dparams) = dataclasses.replace(CFG, attention=kernel), head("eagle3.1")
+    dcfg = dataclasses.replace(dcfg, attention=kernel)
+    rows = prompts(data)
+    params, dp, tokens, lengths = placed(mesh, dcfg, dparams, rows)
+    kw = KW | dict(max_new_tokens=16)
+    spec = generate_spec_jit(params, cfg, dp, dcfg, tokens, lengths, jax.random.key(0), tree=TREE, mesh=mesh, **kw)
+    plain = generate_ar_jit(params, cfg, tokens, lengths, jax.random.key(0), mesh=mesh, **kw)
+    reference = one_device_plain(rows[0].shape[0])[:, :16]
+    np.testing.assert_array_equal(np.asarray(plain.tokens), reference)
+    np.testing.assert_array_equal(np.asarray(spec.tokens), reference)
+    assert np.asarray(spec.accept_histogram)[:, 1:].sum() > 0
+
+
+def test_a_kernel_is_refused_where_the_model_axis_does_not_split_the_kv_heads():
+    mesh = make_mesh(1, 8)
+    cfg = dataclasses.replace(CFG, attention="pallas_gpu_interpret")
+    params, _, tokens, lengths = placed(mesh, rows=prompts(1))
+    with pytest.raises(EagleError, match=r"attention 'pallas_gpu_interpret' on a model axis of 8 needs the axis to divide the 4 KV heads"):
+        generate_ar_jit(params, cfg, tokens, lengths, jax.random.key(0), mesh=mesh, **KW)
+
+
 def shard_shapes(x) -> set[tuple[int, ...]]:
     return {tuple(s.data.shape) for s in x.addressable_shards}
 
@@ -146,15 +178,17 @@ def test_the_caches_stay_split_by_rows_and_kv_heads_through_a_round(data, model)
 COLLECTIVE = re.compile(r"= \(?([^=]*?)\)? (all-gather|all-to-all|collective-permute|all-reduce)\(")
 
 
-@pytest.mark.parametrize("data, model", [(2, 4), (8, 1)])
-def test_no_collective_of_the_compiled_generate_moves_a_whole_cache(data, model):
-    """Cache layers have cache_len + max_path slots; no collective's result has a dimension that long
-    (rows never leave their data shard, and the caches stay split by KV heads)."""
+@pytest.mark.parametrize("data, model, impl", [(2, 4, "xla"), (8, 1, "xla"), (2, 4, "pallas_gpu_interpret")])
+def test_no_collective_of_the_compiled_generate_moves_a_whole_cache(data, model, impl):
+    """Cache layers have cache_len + max_path slots (rounded up to whole blocks for a kernel); no
+    collective's result has a dimension that long (rows never leave their data shard, the caches
+    stay split by KV heads, and a kernel attends on each model shard's own heads)."""
     mesh = make_mesh(data, model)
-    dcfg, dparams = head("eagle1")
+    cfg, (dcfg, dparams) = dataclasses.replace(CFG, attention=impl), head("eagle1")
+    dcfg = dataclasses.replace(dcfg, attention=impl)
     params, dp, tokens, lengths = placed(mesh, dcfg, dparams, prompts(data))
-    slots = KW["cache_len"] + TREE.max_path
-    fn = jax.jit(lambda p, dp, t, l: generate_spec(p, CFG, dp, dcfg, t, l, jax.random.key(0), tree=TREE, mesh=mesh, **KW))
+    slots = attention.cache_slots(KW["cache_len"] + TREE.max_path, impl)
+    fn = jax.jit(lambda p, dp, t, l: generate_spec(p, cfg, dp, dcfg, t, l, jax.random.key(0), tree=TREE, mesh=mesh, **KW))
     hlo = fn.lower(params, dp, tokens, lengths).compile().as_text()
     results = [m.group(1) for m in COLLECTIVE.finditer(hlo)]
     if model == 1:
