@@ -10,10 +10,12 @@ is also built to an sm_90 cubin; the Mosaic module cannot be compiled without a 
 from __future__ import annotations
 
 import base64
+import functools
 import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -262,38 +264,68 @@ LOWERING_CASES = {
 }
 
 
+def shard_cases(impl: str) -> dict[str, Case]:
+    """What one model shard's kernel sees, its cache allocated as `cache_slots` rounds it for `impl`:
+    Llama-3.1-8B (32 heads / 8 KV, D 128) at model 4 verifying a 60-node tree over 2048 + 7 slots,
+    Llama-3.1-70B (64 / 8) at model 8 decoding over 8192 + 1, SmolLM2 (9 / 3, D 64) at model 3."""
+    slots = functools.partial(attention.cache_slots, impl=impl)
+    return {
+        "shard_llama8b_tp4_verify60_bf16": Case(2, 60, 60, 8, 2, 128, slots(2055), (0, 2055), "tree", BF16),
+        "shard_llama70b_tp8_decode_bf16": Case(8, 1, 1, 8, 1, 128, slots(8193), (8193,) * 8, "tree", BF16),
+        "shard_smollm2_tp3_verify60_f32": Case(1, 60, 60, 3, 1, 64, slots(1031), (1031,), "tree", F32),
+    }
+
+
+GPU_LOWERING = LOWERING_CASES | shard_cases("pallas_gpu_interpret")
+TPU_LOWERING = LOWERING_CASES | shard_cases("pallas_tpu_interpret")
+
+
+def assert_cache_not_padded(lowered: jax.stages.Lowered, case: Case) -> None:
+    """No stablehlo.pad in the wrapper takes an operand as long as the cache (were the cache padded
+    to the kernel's block, that would copy it)."""
+    text = lowered.as_text()
+    pads = re.findall(r"stablehlo\.pad.*?: \((tensor<[^>]*>)", text)
+    assert not [t for t in pads if f"x{case.cache}x" in t], pads
+
+
 def abstract_mesh(device_kind: str, platform: str) -> jax.sharding.AbstractMesh:
     device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=1, platform=platform)
     return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
 
 
-@pytest.mark.parametrize("name", LOWERING_CASES)
+@pytest.mark.parametrize("name", TPU_LOWERING)
 def test_tpu_kernel_lowers_for_tpu(name: str) -> None:
     with jax.sharding.use_abstract_mesh(abstract_mesh("TPU v5 lite", "tpu")):
-        lowered = tree_attention_tpu.trace(*abstract_shapes(LOWERING_CASES[name])).lower(
+        lowered = tree_attention_tpu.trace(*abstract_shapes(TPU_LOWERING[name])).lower(
             lowering_platforms=("tpu",)
         )
     kernel = verify_mosaic_module(custom_call(lowered, "tpu_custom_call"))
     assert "tpu.dimension_semantics<arbitrary>" in kernel and "scalar_prefetch = 1" in kernel
+    if name.startswith("shard_"):
+        assert_cache_not_padded(lowered, TPU_LOWERING[name])
 
 
-def lower_gpu_kernel(case: Case) -> ir.Operation:
-    """The Triton custom call of the GPU kernel lowered for an abstract H200."""
+def lower_gpu_kernel(case: Case) -> jax.stages.Lowered:
+    """The GPU kernel's wrapper lowered for an abstract H200."""
     with warnings.catch_warnings():
         # jax 0.12 marks the Pallas Triton backend deprecated (Mosaic GPU replaces it); it is
         # still the default GPU lowering of pallas_call in jax 0.11 and 0.12.
         warnings.simplefilter("ignore", DeprecationWarning)
         with jax.sharding.use_abstract_mesh(abstract_mesh("NVIDIA H200", "cuda")):
-            lowered = tree_attention_gpu.trace(*abstract_shapes(case)).lower(
-                lowering_platforms=("cuda",)
-            )
-    return custom_call(lowered, "__gpu$xla.gpu.triton")
+            return tree_attention_gpu.trace(*abstract_shapes(case)).lower(lowering_platforms=("cuda",))
 
 
-@pytest.mark.parametrize("name", LOWERING_CASES)
+def triton_kernel(case: Case) -> str:
+    """The verified Triton IR of the GPU kernel's custom call for `case`."""
+    return verify_triton_module(custom_call(lower_gpu_kernel(case), "__gpu$xla.gpu.triton"))
+
+
+@pytest.mark.parametrize("name", GPU_LOWERING)
 def test_gpu_kernel_lowers_for_cuda(name: str) -> None:
-    kernel = verify_triton_module(lower_gpu_kernel(LOWERING_CASES[name]))
+    kernel = triton_kernel(GPU_LOWERING[name])
     assert "tt.dot" in kernel and "scf.for" in kernel
+    if name.startswith("shard_"):
+        assert_cache_not_padded(lower_gpu_kernel(GPU_LOWERING[name]), GPU_LOWERING[name])
 
 
 COMPILE_TTIR = """
@@ -316,9 +348,9 @@ def test_gpu_kernel_compiles_to_sm90_cubin(tmp_path: pathlib.Path) -> None:
     this process, and needs no GPU.
     """
     paths = []
-    for name in ("verify_t64_gqa4_d128_bf16", "verify_t60_gqa3_d64_f32"):
+    for name in ("verify_t64_gqa4_d128_bf16", "verify_t60_gqa3_d64_f32", *shard_cases("pallas_gpu_interpret")):
         path = tmp_path / f"{name}.ttir"
-        path.write_text(verify_triton_module(lower_gpu_kernel(LOWERING_CASES[name])))
+        path.write_text(triton_kernel(GPU_LOWERING[name]))
         paths.append(str(path))
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_DEFAULT_FP_FUSION": "1"}
     run = subprocess.run(
