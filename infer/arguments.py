@@ -5,13 +5,15 @@ with the engine and tree choice they build."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import re
 import sys
 
+from eagle_jax.dtypes import DTYPE_NAMES
 from eagle_jax.errors import EagleError
-from eagle_jax.model.config import ATTENTION_IMPLS
+from eagle_jax.model.config import ATTENTION_IMPLS, LAYER_FORMS
 
 # TreeConfig field -> (its flag, the older spelling still accepted with a note)
 TREE_FLAGS = {
@@ -160,9 +162,16 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                            "(a fixed shape whose children are drawn from the draft; sampling only, where it accepts more drafted "
                            f"tokens than top-k children); default: the tuned tree's, else {default.scoring}")
     p.add_argument("--cache-len", type=positive_int, default=None, help="KV cache slots (default: fits prompt + max new tokens)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights and activations")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
+                   help="weights, activations and caches: auto = bfloat16 on GPU/TPU, float32 on CPU")
     p.add_argument("--attention", choices=ATTENTION_IMPLS, default="auto",
                    help="tree attention of the verify step: auto = Pallas on GPU/TPU, XLA on CPU")
+    p.add_argument("--float32-activations", action="store_true",
+                   help="with bfloat16 weights, keep activations and KV caches in float32: greedy speculative output then "
+                        "equals plain output (bfloat16 alone parts from it at near-ties)")
+    p.add_argument("--layers", choices=LAYER_FORMS, default="auto",
+                   help="the target's layers: unrolled, or stacked and scanned over (compile time that does not grow with depth); "
+                        "auto = scan on GPU/TPU, unrolled on CPU")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed of sampling")
     p.add_argument("--mesh", default=None, metavar="data=D,model=M",
                    help="decode on a device mesh: batch rows split over D devices, the model's heads, MLP and vocabulary over M "
@@ -201,9 +210,8 @@ def tree_choice(args: argparse.Namespace, draft_dir: str | None):
 def build_engine(args: argparse.Namespace):
     """(Engine, settings.TreeChoice) from parsed model/draft/tree/sampling arguments. The tree
     flags are checked before the model loads."""
-    import jax.numpy as jnp
-
     from eagle_jax.draft.checkpoint import load_draft
+    from eagle_jax.dtypes import float32_activations, run_dtype
     from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import load_target
     from eagle_jax.loading.hub import resolve_head_path
@@ -219,11 +227,13 @@ def build_engine(args: argparse.Namespace):
         raise EagleError(f"no draft head for {args.model}: pass --draft DIR, or --no-spec for plain decoding")
     choice = tree_choice(args, draft_dir)
     mesh = None if sizes is None else make_mesh(sizes)
-    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    dtype = run_dtype(args.dtype)
     shardings = None if mesh is None else lambda cfg, params: target_shardings(mesh, cfg, params)
     target = load_target(args.model, dtype=dtype, shardings=shardings)  # straight into its shards
+    if args.float32_activations:
+        target = dataclasses.replace(target, params=float32_activations(target.params))
     draft = None if draft_dir is None else load_draft(draft_dir, target.cfg, dtype=dtype)
-    engine = Engine(target, draft, sampling_config(args), args.max_new_tokens, args.cache_len, args.attention, mesh)
+    engine = Engine(target, draft, sampling_config(args), args.max_new_tokens, args.cache_len, args.attention, mesh, args.layers)
     if choice.tree is not None:
         engine.check_tree(choice.tree)
     return engine, choice

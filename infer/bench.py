@@ -30,6 +30,7 @@ import sys
 import jax
 
 from eagle_jax.decoding.tree import TreeConfig
+from eagle_jax.dtypes import dtype_name
 from eagle_jax.errors import EagleError
 from eagle_jax.files import check_output_path, remove_leftovers, write_json_atomic
 from eagle_jax.infer.arguments import build_engine, require_extra
@@ -199,8 +200,10 @@ def run_config(engine: Engine, tree: TreeConfig | None, args, machine: dict) -> 
         "sampling": dataclasses.asdict(engine.sampling),
         "max_new_tokens": engine.max_new_tokens,
         "cache_len": engine.cache_len,
-        "dtype": args.dtype,
+        "dtype": dtype_name(args.dtype),
+        "float32_activations": args.float32_activations,
         "attention": args.attention,
+        "layers": engine.laid_out.layers,
         "mesh": describe(engine.mesh),
         "seed": args.seed,
         "prompts": args.prompts,
@@ -213,7 +216,7 @@ def run_config(engine: Engine, tree: TreeConfig | None, args, machine: dict) -> 
 def measured_on(engine: Engine, args, machine: dict, num_prompts: int) -> dict:
     """Where and how a tuned setting was measured (saved with it)."""
     return machine | {
-        "model": args.model, "dtype": args.dtype, "attention": args.attention, "mesh": describe(engine.mesh), "max_new_tokens": engine.max_new_tokens,
+        "model": args.model, "dtype": dtype_name(args.dtype), "attention": args.attention, "mesh": describe(engine.mesh), "max_new_tokens": engine.max_new_tokens,
         "prompts": os.path.abspath(args.prompts), "num_prompts": num_prompts,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -26,6 +26,7 @@ from eagle_jax.loading import TargetModel
 from eagle_jax.mesh import compiled_bytes, device_memory, place, replicated, row_count, to_host
 from eagle_jax.model.sharding import check_model_axis, draft_shardings, model_size, rows_sharding, target_shardings
 from eagle_jax.model.cpu_layout import backend_layout
+from eagle_jax.model.transformer import layer_form, stack_layers
 from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.decoding.speculative import check_draft, generate_spec_jit
 from eagle_jax.decoding.tree import TreeConfig
@@ -70,20 +71,27 @@ class LaidOutParams(NamedTuple):
     draft_source: dict | None
     dparams: dict | None
     mesh: Mesh | None = None
+    layers: str = "unrolled"  # the target's layer form (`transformer.layer_form`)
 
     @classmethod
-    def of(cls, target: TargetModel, draft: tuple[DraftConfig, dict] | None, mesh: Mesh | None) -> "LaidOutParams":
-        """On CPU the target keeps (in, out) copies for verify steps only where a head will verify.
-        On a mesh every device receives only its shards (`eagle_jax.model.sharding`)."""
+    def of(cls, target: TargetModel, draft: tuple[DraftConfig, dict] | None, mesh: Mesh | None, layers: str) -> "LaidOutParams":
+        """Scanned layers (accelerators) are stacked, else on CPU the target keeps (in, out) copies
+        for verify steps only where a head will verify. On a mesh every device receives only its
+        shards (`eagle_jax.model.sharding`), stacked there where the layers are scanned."""
         params, dparams = target.params, None if draft is None else draft[1]
         if mesh is not None:
             placed_head = None if draft is None else place(dparams, draft_shardings(mesh, *draft))
-            return cls(params, place(params, target_shardings(mesh, target.cfg, params)), dparams, placed_head, mesh)
+            placed = place(params, target_shardings(mesh, target.cfg, params))
+            if layers == "scan":
+                placed = stack_layers(placed)
+                placed = place(placed, target_shardings(mesh, target.cfg, placed))
+            return cls(params, placed, dparams, placed_head, mesh, layers)
         laid_out_head = None if dparams is None else backend_layout(dparams)
-        return cls(params, backend_layout(params, block_copies=dparams is not None), dparams, laid_out_head)
+        laid_out = stack_layers(params) if layers == "scan" else backend_layout(params, block_copies=dparams is not None)
+        return cls(params, laid_out, dparams, laid_out_head, None, layers)
 
-    def holds(self, params: dict, dparams: dict | None, mesh: Mesh | None) -> bool:
-        return self.source is params and self.draft_source is dparams and self.mesh is mesh
+    def holds(self, params: dict, dparams: dict | None, mesh: Mesh | None, layers: str) -> bool:
+        return self.source is params and self.draft_source is dparams and self.mesh is mesh and self.layers == layers
 
 
 @dataclasses.dataclass
@@ -95,6 +103,7 @@ class Engine:
     cache_len: int | None = None  # None: the smallest bucket that fits prompt + max_new_tokens
     attention: str = "auto"  # the attention implementation of target and head (`ModelConfig.attention`)
     mesh: Mesh | None = None  # a ("data", "model") mesh (`eagle_jax.mesh.make_mesh`); None: one device
+    layers: str = "auto"  # the target's layers unrolled or scanned over (`transformer.layer_form`; auto: scan on GPU/TPU)
     # the params as decoding runs them (`backend_layout`), made once by the first engine and carried
     # over by dataclasses.replace, so engines that differ in settings share them (remade when the
     # replacement brings another target or head)
@@ -108,8 +117,9 @@ class Engine:
         if self.mesh is not None:
             check_model_axis(self.target.cfg, model_size(self.mesh))
         dparams = None if self.draft is None else self.draft[1]
-        if self.laid_out is None or not self.laid_out.holds(self.target.params, dparams, self.mesh):
-            self.laid_out = LaidOutParams.of(self.target, self.draft, self.mesh)
+        layers = layer_form(self.layers)
+        if self.laid_out is None or not self.laid_out.holds(self.target.params, dparams, self.mesh, layers):
+            self.laid_out = LaidOutParams.of(self.target, self.draft, self.mesh, layers)
         self._compiled = collections.OrderedDict()
 
     def release(self, *trees: TreeConfig | None) -> None:

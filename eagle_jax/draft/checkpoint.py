@@ -40,6 +40,7 @@ from safetensors.numpy import save_file
 
 from eagle_jax.model.config import ModelConfig, RopeConfig
 from eagle_jax.draft.config import DraftConfig
+from eagle_jax.dtypes import run_dtype
 from eagle_jax.errors import EagleError
 from eagle_jax.files import read_json, write_directory_atomic, write_json_atomic
 from eagle_jax.loading.config_dict import PRETRAINED_CONFIG_KEYS, ConfigDict
@@ -107,13 +108,14 @@ LAYER = "layers.0."
 EXPORT_MAX_POSITIONS = 131072
 
 
-def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype=jnp.float32) -> tuple[DraftConfig, dict]:
+def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype="auto") -> tuple[DraftConfig, dict]:
     """Load a draft head from a directory in one of the public layouts (see the module docstring),
     or from a Hub id `org/name[@revision]` (a local path of the same spelling wins).
 
     target_cfg: the target the head will serve; its sizes are checked against the head's, and it
     supplies the default fused layers (2, N//2, N-3) of an EAGLE-3 head that names none.
-    dtype: dtype of the float params; None keeps the checkpoint's own. d2t is int32.
+    dtype: dtype of the float params, as `load_target` takes it ("auto": bfloat16 on GPU/TPU,
+    float32 on CPU); None keeps the checkpoint's own. d2t is int32.
     Returns (DraftConfig, params) in the layout of `eagle_jax.draft.model`. Raises EagleError with a
     one-line message for anything it cannot load faithfully.
     """
@@ -123,7 +125,7 @@ def load_draft(path: str, target_cfg: ModelConfig | None = None, dtype=jnp.float
     config = read_json(os.path.join(path, "config.json"), what="a draft head's config")
     tensors = canonical_weight_names(read_weights(path), path)
     dcfg, qk_norm = head_config(config, tensors, target_cfg, path)
-    return dcfg, _params_from_tensors(tensors, dcfg, qk_norm, dtype, path)
+    return dcfg, _params_from_tensors(tensors, dcfg, qk_norm, None if dtype is None else run_dtype(dtype), path)
 
 
 def head_config(config: dict, tensors: dict, target_cfg: ModelConfig | None, where: str) -> tuple[DraftConfig, bool]:

@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
+from eagle_jax.dtypes import run_dtype
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.loading.hub import resolve_hub_model
@@ -72,8 +72,9 @@ def resolve_model_path(name: str) -> str:
     )
 
 
-def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bool = True, shardings=None) -> TargetModel:
-    """Load config, params (in `dtype`) and tokenizer of a target model.
+def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = True, shardings=None) -> TargetModel:
+    """Load config, params (in `dtype`: "auto" is bfloat16 on GPU/TPU and float32 on CPU, see
+    `eagle_jax.dtypes`; or "float32", "bfloat16", a jnp dtype) and tokenizer of a target model.
 
     shardings: None puts the params on the default device; else a function (cfg, params of
     HostTensors) -> a pytree of jax shardings, and each device receives only its slice of every
@@ -103,7 +104,7 @@ def load_target(name: str = DEFAULT_MODEL, dtype=jnp.float32, with_tokenizer: bo
         else:
             cfg, sources, tokenizer = converted
     check_tokenizer(tokenizer, cfg, path)
-    params = materialize(sources, dtype, None if shardings is None else shardings(cfg, sources))
+    params = materialize(sources, run_dtype(dtype), None if shardings is None else shardings(cfg, sources))
     return TargetModel(cfg, params, tokenizer if with_tokenizer else None, path)
 
 

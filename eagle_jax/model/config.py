@@ -9,6 +9,7 @@ from eagle_jax.errors import EagleError
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_gpu_interpret", "pallas_tpu_interpret")  # see eagle_jax.model.attention
+LAYER_FORMS = ("auto", "unrolled", "scan")  # how decoding runs the target's layers (`transformer.layer_form`)
 
 
 def check_attention(attention: str) -> None:

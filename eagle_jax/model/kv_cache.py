@@ -10,27 +10,37 @@ from flax import struct
 @struct.dataclass
 class KVCache:
     """k, v: one (B, kv_heads, max_len, head_dim) array per layer, head-major (the layout `attend`
-    reads); lengths: (B,) int32 valid entries per row. New blocks come token-major,
-    (layers, B, T, KV, D), as the projections produce them, and are transposed on write.
+    reads), or, for a model whose layers are scanned over (`transformer.stack_layers`), one stacked
+    (layers, B, kv_heads, max_len, head_dim) array; lengths: (B,) int32 valid entries per row. New
+    blocks come token-major, (layers, B, T, KV, D), as the projections produce them, and are
+    transposed on write.
 
-    Separate arrays, not one stacked (layers, ...) array: XLA:CPU copied each layer's slice of a
-    stacked cache before attending over it (results/attention_layout/)."""
+    Separate arrays where the layers are unrolled: XLA:CPU copied each layer's slice of a stacked
+    cache before attending over it (results/attention_layout/)."""
 
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
+    k: tuple[jax.Array, ...] | jax.Array
+    v: tuple[jax.Array, ...] | jax.Array
     lengths: jax.Array
 
-    @classmethod
-    def zeros(cls, num_layers, batch, max_len, num_kv_heads, head_dim, dtype) -> "KVCache":
-        def per_layer():
-            return tuple(jnp.zeros((batch, num_kv_heads, max_len, head_dim), dtype) for _ in range(num_layers))
-
-        return cls(per_layer(), per_layer(), jnp.zeros((batch,), jnp.int32))
+    @property
+    def stacked(self) -> bool:
+        return not isinstance(self.k, tuple)
 
     @classmethod
-    def empty_prefix(cls, num_layers, batch, num_kv_heads, head_dim, dtype) -> "KVCache":
+    def zeros(cls, num_layers, batch, max_len, num_kv_heads, head_dim, dtype, stacked: bool = False) -> "KVCache":
+        shape = (batch, num_kv_heads, max_len, head_dim)
+
+        def layers():
+            if stacked:
+                return jnp.zeros((num_layers, *shape), dtype)
+            return tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+
+        return cls(layers(), layers(), jnp.zeros((batch,), jnp.int32))
+
+    @classmethod
+    def empty_prefix(cls, num_layers, batch, num_kv_heads, head_dim, dtype, stacked: bool = False) -> "KVCache":
         """A zero-slot cache: attention sees no prefix (prefill from scratch, training)."""
-        return cls.zeros(num_layers, batch, 0, num_kv_heads, head_dim, dtype)
+        return cls.zeros(num_layers, batch, 0, num_kv_heads, head_dim, dtype, stacked)
 
     def write(self, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array) -> "KVCache":
         """Write blocks (layers, B, T, KV, D) at each row's length and advance lengths by num_new (B,).
@@ -43,8 +53,13 @@ class KVCache:
             block_row = block_row.swapaxes(0, 1).astype(cache_row.dtype)  # (KV, T, D)
             return jax.lax.dynamic_update_slice_in_dim(cache_row, block_row, start, axis=1)
 
+        def write_layer(layer, block):  # (B, KV, S, D), (B, T, KV, D)
+            return jax.vmap(write_row)(layer, block, self.lengths)
+
         def write(layers, blocks):
-            return tuple(jax.vmap(write_row)(layer, block, self.lengths) for layer, block in zip(layers, blocks))
+            if self.stacked:
+                return jax.vmap(write_layer)(layers, blocks)
+            return tuple(write_layer(layer, block) for layer, block in zip(layers, blocks))
 
         return KVCache(write(self.k, k_new), write(self.v, v_new), self.lengths + num_new.astype(jnp.int32))
 

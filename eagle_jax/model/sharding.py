@@ -15,6 +15,7 @@ Training, a ("data", "fsdp") mesh: every param along its largest axis that "fsdp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -47,15 +48,19 @@ def _split(axis: int, ndim: int) -> PartitionSpec:
     return PartitionSpec(*(MODEL if a == axis else None for a in range(ndim)))
 
 
-def _layer_specs(layer: dict, heads: int, kv_heads: int, mlp: int, model: int) -> dict:
-    """Specs of one decoder layer's weights (the target's or the draft's)."""
+def _layer_specs(layer: dict, heads: int, kv_heads: int, mlp: int, model: int, stacked: bool = False) -> dict:
+    """Specs of one decoder layer's weights (the target's or the draft's); stacked: (L, ...) arrays
+    of every layer (`transformer.stack_layers`), split as one layer's, the layer axis whole."""
     by = {"heads": heads % model == 0, "kv": kv_heads % model == 0, "mlp": mlp % model == 0}
     rules = {"wq": ("heads", 0), "bq": ("heads", 0), "wo": ("heads", 1), "wk": ("kv", 0), "bk": ("kv", 0), "wv": ("kv", 0),
              "bv": ("kv", 0), "w_gate": ("mlp", 0), "w_up": ("mlp", 0), "w_down": ("mlp", 1)}
     specs = {}
     for key, w in layer.items():
         unit, axis = rules.get(key, (None, None))
-        specs[key] = _split(axis, w.ndim) if unit and model > 1 and by[unit] else REPLICATED
+        if not (unit and model > 1 and by[unit]):
+            specs[key] = REPLICATED
+        else:
+            specs[key] = PartitionSpec(None, *_split(axis, w.ndim - 1)) if stacked else _split(axis, w.ndim)
     return specs
 
 
@@ -71,7 +76,9 @@ def target_specs(cfg: ModelConfig, params: dict, model: int) -> dict:
     """A PartitionSpec for every target parameter (the params pytree's structure)."""
     specs = {key: _vocabulary_spec(w, model) if key in ("embed", "lm_head") else REPLICATED
              for key, w in params.items() if key != "layers"}
-    specs["layers"] = [_layer_specs(layer, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, model) for layer in params["layers"]]
+    layer_specs = functools.partial(_layer_specs, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, mlp=cfg.intermediate_size, model=model)
+    layers = params["layers"]
+    specs["layers"] = layer_specs(layers, stacked=True) if isinstance(layers, dict) else [layer_specs(layer) for layer in layers]
     return specs
 
 
@@ -120,11 +127,23 @@ def heads_spec(mesh: Mesh, kv_heads: int) -> PartitionSpec:
     return PartitionSpec(None, MODEL if model_size(mesh) > 1 and kv_heads % model_size(mesh) == 0 else None, None, None)
 
 
+def _per_layer(cache: KVCache, spec: PartitionSpec, mesh: Mesh, lengths: NamedSharding) -> KVCache:
+    """A KVCache of shardings: `spec` for each layer (B, KV, S, D), or for the stacked (L, ...) array."""
+    if cache.stacked:
+        layers = NamedSharding(mesh, PartitionSpec(None, *spec))
+        return KVCache(layers, layers, lengths)
+    layer = NamedSharding(mesh, spec)
+    return KVCache(tuple(layer for _ in cache.k), tuple(layer for _ in cache.v), lengths)
+
+
+def _kv_heads(cache: KVCache) -> int:
+    return cache.k[0].shape[-3] if len(cache.k) else 0
+
+
 def cache_shardings(mesh: Mesh, cache: KVCache) -> KVCache:
     """A KV cache (each layer (B, KV, S, D)) by rows over "data" and by KV heads over "model"."""
-    spec = heads_spec(mesh, cache.k[0].shape[1] if cache.k else 0)
-    layer = NamedSharding(mesh, PartitionSpec(row_axes(mesh), *spec[1:]))
-    return KVCache(tuple(layer for _ in cache.k), tuple(layer for _ in cache.v), rows_sharding(mesh, 1))
+    spec = heads_spec(mesh, _kv_heads(cache))
+    return _per_layer(cache, PartitionSpec(row_axes(mesh), *spec[1:]), mesh, rows_sharding(mesh, 1))
 
 
 def constrain_caches(mesh: Mesh | None, tree):
@@ -136,8 +155,8 @@ def constrain_caches(mesh: Mesh | None, tree):
     def constrain(x):
         if not isinstance(x, KVCache):
             return x
-        layer = NamedSharding(mesh, heads_spec(mesh, x.k[0].shape[1] if x.k else 0))
-        return jax.lax.with_sharding_constraint(x, KVCache(tuple(layer for _ in x.k), tuple(layer for _ in x.v), NamedSharding(mesh, REPLICATED)))
+        shardings = _per_layer(x, heads_spec(mesh, _kv_heads(x)), mesh, NamedSharding(mesh, REPLICATED))
+        return jax.lax.with_sharding_constraint(x, shardings)
 
     return jax.tree.map(constrain, tree, is_leaf=lambda x: isinstance(x, KVCache))
 

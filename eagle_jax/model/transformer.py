@@ -10,9 +10,14 @@ params = {
   ["lm_head": (V, d)]  # absent when embeddings are tied
 }
 
-The layers are separate arrays walked by a Python loop, not one stacked array scanned over: on
-XLA:CPU a scan's per-layer slice of stacked weights slowed the products of a verify block
-(results/dense_layout/). The price is compile time: every layer is compiled on its own.
+Two forms of the layers, the same model:
+  * unrolled (above): separate arrays walked by a Python loop. On XLA:CPU a scan's per-layer slice
+    of stacked weights slowed the products of a verify block (results/dense_layout/), so CPU keeps
+    this form; the price is compile time, since every layer is compiled on its own;
+  * stacked (`stack_layers`): "layers" is one dict of (L, ...) arrays, scanned over with
+    `lax.scan`, its KV cache stacked the same way, so that compile time does not grow with depth
+    (accelerators; results/scan-layers/).
+`forward` runs whichever form the params are in.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from eagle_jax.model.attention import cache_slots
-from eagle_jax.model.config import ModelConfig
+from eagle_jax.model.config import LAYER_FORMS, ModelConfig
 from eagle_jax.errors import EagleError
 from eagle_jax.model.kv_cache import KVCache
 from eagle_jax.model.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
@@ -36,14 +42,46 @@ class ForwardOutput(NamedTuple):
     v_new: jax.Array  # (L, B, T, KV, Dh)
 
 
-def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
-    """An empty cache of max_len usable slots per row (allocated as `cache_slots` says)."""
+def layer_form(name: str = "auto", platform: str | None = None) -> str:
+    """"unrolled" or "scan" for a LAYER_FORMS name ("auto" resolved for `platform`, default jax's backend)."""
+    if name not in LAYER_FORMS:
+        raise EagleError(f"unknown layer form {name!r}; expected one of {', '.join(LAYER_FORMS)}")
+    if name != "auto":
+        return name
+    return "unrolled" if (platform or jax.default_backend()) == "cpu" else "scan"
+
+
+def is_stacked(params: dict) -> bool:
+    """Whether the params' layers are in the stacked (scanned) form."""
+    return isinstance(params["layers"], dict)
+
+
+def stack_layers(params: dict) -> dict:
+    """The params with their layers stacked into one dict of (L, ...) arrays (the scanned form);
+    each key is stacked and its per-layer arrays dropped before the next, so that at most one key
+    is held twice."""
+    layers = [dict(layer) for layer in params["layers"]]
+    stacked = {}
+    for key in list(layers[0]):
+        stacked[key] = jnp.stack([layer.pop(key) for layer in layers])
+    return params | {"layers": stacked}
+
+
+def unstack_layers(params: dict) -> dict:
+    """The inverse of `stack_layers`: one dict of arrays per layer."""
+    stacked = params["layers"]
+    return params | {"layers": [{key: w[i] for key, w in stacked.items()} for i in range(len(next(iter(stacked.values()))))]}
+
+
+def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, stacked: bool = False) -> KVCache:
+    """An empty cache of max_len usable slots per row (allocated as `cache_slots` says); stacked
+    for params in the stacked form (`is_stacked`)."""
     if cfg.sliding_window is not None and max_len > cfg.sliding_window:
         raise EagleError(
             f"cache of {max_len} tokens exceeds the model's sliding window of {cfg.sliding_window}; "
             "sliding-window attention is not supported, use a cache no longer than the window"
         )
-    return KVCache.zeros(cfg.num_layers, batch, cache_slots(max_len, cfg.attention), cfg.num_kv_heads, cfg.head_dim, dtype)
+    return KVCache.zeros(cfg.num_layers, batch, cache_slots(max_len, cfg.attention), cfg.num_kv_heads, cfg.head_dim, dtype, stacked)
 
 
 def decoder_layer(cfg: ModelConfig, p: dict, x, positions, k_cache, v_cache, lengths, block_mask, inv_freq):
@@ -77,19 +115,45 @@ def forward(
         raise EagleError(f"capture indices {capture} out of range [0, {cfg.num_layers})")
     b, t = tokens.shape
     dtype = params["embed"].dtype
+    stacked = is_stacked(params)
     if cache is None:
-        cache = KVCache.empty_prefix(cfg.num_layers, b, cfg.num_kv_heads, cfg.head_dim, dtype)
+        cache = KVCache.empty_prefix(cfg.num_layers, b, cfg.num_kv_heads, cfg.head_dim, dtype, stacked)
+    if cache.stacked != stacked:
+        raise EagleError(f"a {'stacked' if cache.stacked else 'per-layer'} KV cache for params whose layers are "
+                         f"{'stacked' if stacked else 'per-layer'}; make the cache with make_cache(..., stacked=is_stacked(params))")
     inv_freq = rope_inverse_frequencies(cfg.rope, cfg.head_dim)
     x = params["embed"][tokens]
-    inputs, k_new, v_new = [], [], []
-    for i, p in enumerate(params["layers"]):
-        inputs.append(x)
-        x, k, v = decoder_layer(cfg, p, x, positions, cache.k[i], cache.v[i], cache.lengths, block_mask, inv_freq)
-        k_new.append(k)
-        v_new.append(v)
-    captured = jnp.stack([inputs[i] for i in capture]) if capture else jnp.zeros((0, b, t, cfg.hidden_size), dtype)
+
+    def layer(x, p, k_cache, v_cache):
+        return decoder_layer(cfg, p, x, positions, k_cache, v_cache, cache.lengths, block_mask, inv_freq)
+
+    if stacked:
+        # Each captured layer's input goes to its slot of a buffer, every other layer's to a spare last one.
+        unique = sorted(set(capture))
+        slots = np.full((cfg.num_layers,), len(unique), np.int32)
+        slots[unique] = np.arange(len(unique))
+
+        def step(carry, xs):
+            x, buffer = carry
+            slot, p, k_cache, v_cache = xs
+            buffer = jax.lax.dynamic_update_index_in_dim(buffer, x, slot, 0)
+            x, k, v = layer(x, p, k_cache, v_cache)
+            return (x, buffer), (k, v)
+
+        buffer = jnp.zeros((len(unique) + 1, b, t, cfg.hidden_size), dtype)
+        (x, buffer), (k_new, v_new) = jax.lax.scan(step, (x, buffer), (jnp.asarray(slots), params["layers"], cache.k, cache.v))
+        captured = buffer[np.asarray([unique.index(i) for i in capture], np.int32)]
+    else:
+        inputs, k_new, v_new = [], [], []
+        for i, p in enumerate(params["layers"]):
+            inputs.append(x)
+            x, k, v = layer(x, p, cache.k[i], cache.v[i])
+            k_new.append(k)
+            v_new.append(v)
+        captured = jnp.stack([inputs[i] for i in capture]) if capture else jnp.zeros((0, b, t, cfg.hidden_size), dtype)
+        k_new, v_new = jnp.stack(k_new), jnp.stack(v_new)
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    return ForwardOutput(hidden, captured, jnp.stack(k_new), jnp.stack(v_new))
+    return ForwardOutput(hidden, captured, k_new, v_new)
 
 
 def lm_head(params: dict, hidden: jax.Array) -> jax.Array:

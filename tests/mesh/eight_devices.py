@@ -31,7 +31,7 @@ from eagle_jax.errors import EagleError
 from eagle_jax.infer.engine import Engine
 from eagle_jax.loading import TargetModel
 from eagle_jax.model import attention, sharding
-from eagle_jax.model.transformer import init_params
+from eagle_jax.model.transformer import init_params, stack_layers
 from test_speculative import chi_square_p, exact_law
 
 assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
@@ -115,6 +115,27 @@ def test_the_kernels_on_model_shards_give_the_tokens_of_one_device(data, model, 
     np.testing.assert_array_equal(np.asarray(plain.tokens), reference)
     np.testing.assert_array_equal(np.asarray(spec.tokens), reference)
     assert np.asarray(spec.accept_histogram)[:, 1:].sum() > 0
+
+
+@pytest.mark.parametrize("data, model", [(2, 4), (1, 8)])
+def test_scanned_layers_on_a_mesh_give_the_tokens_of_one_device(data, model):
+    """Stacked (L, ...) layers split as one layer's, the layer axis whole, and scanned over: each
+    device holds its share, and sharded greedy speculative and plain decoding == one device."""
+    mesh = make_mesh(data, model)
+    dcfg, dparams = head("eagle3.1")
+    stacked = stack_layers(PARAMS)
+    params = mesh_lib.place(stacked, sharding.target_shardings(mesh, CFG, stacked))
+    _, dp, tokens, lengths = placed(mesh, dcfg, dparams, prompts(data))
+    kv_split = model if CFG.num_kv_heads % model == 0 else 1
+    h, kv, d = CFG.num_heads * CFG.head_dim, CFG.num_kv_heads * CFG.head_dim, CFG.hidden_size
+    assert shard_shapes(params["layers"]["wq"]) == {(CFG.num_layers, h // model, d)}
+    assert shard_shapes(params["layers"]["wk"]) == {(CFG.num_layers, kv // kv_split, d)}
+    assert shard_shapes(params["layers"]["w_down"]) == {(CFG.num_layers, d, CFG.intermediate_size // model)}
+    spec = generate_spec_jit(params, CFG, dp, dcfg, tokens, lengths, jax.random.key(0), tree=TREE, mesh=mesh, **KW)
+    plain = generate_ar_jit(params, CFG, tokens, lengths, jax.random.key(0), mesh=mesh, **KW)
+    reference = one_device_plain(tokens.shape[0])
+    np.testing.assert_array_equal(np.asarray(plain.tokens), reference)
+    np.testing.assert_array_equal(np.asarray(spec.tokens), reference)
 
 
 def test_a_kernel_is_refused_where_the_model_axis_does_not_split_the_kv_heads():
@@ -253,3 +274,13 @@ def test_engine_on_a_mesh_fills_the_batch_to_the_data_axis():
     assert got.tokens == expected.tokens and len(got.rounds) == len(ROWS)
     assert got.rounds == expected.rounds and (got.accept_histogram == expected.accept_histogram).all()
     assert sharded.run(ROWS, tree=None).tokens == expected.tokens
+
+
+def test_engine_on_a_mesh_with_scanned_layers():
+    """The Engine stacks the placed layers on the mesh (each device stacking its own shards)."""
+    dcfg, dparams = head("eagle3.1")
+    target = TargetModel(CFG, PARAMS, None, "tiny")
+    engine = Engine(target, (dcfg, dparams), max_new_tokens=KW["max_new_tokens"], mesh=make_mesh(2, 4), layers="scan")
+    assert shard_shapes(engine.laid_out.params["layers"]["w_up"]) == {(CFG.num_layers, CFG.intermediate_size // 4, CFG.hidden_size)}
+    expected = Engine(target, (dcfg, dparams), max_new_tokens=KW["max_new_tokens"]).run(ROWS, tree=TREE).tokens
+    assert engine.run(ROWS, tree=TREE).tokens == expected == engine.run(ROWS, tree=None).tokens
