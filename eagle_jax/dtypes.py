@@ -13,17 +13,16 @@ activations and KV caches, which closes that gap.
 
 from __future__ import annotations
 
+from eagle_jax.model.config import on_accelerator
+
 DTYPE_NAMES = ("auto", "float32", "bfloat16")  # what --dtype takes
-ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
 
 
 def dtype_name(name: str = "auto", platform: str | None = None) -> str:
     """"float32" or "bfloat16" for a --dtype value; "auto": bfloat16 on GPU/TPU, float32 elsewhere."""
     if name != "auto":
         return name
-    import jax  # here, so that the CLI's flag parsing does not load JAX
-
-    return "bfloat16" if (platform or jax.default_backend()) in ACCELERATORS else "float32"
+    return "bfloat16" if on_accelerator(platform) else "float32"
 
 
 def run_dtype(dtype="auto", platform: str | None = None):

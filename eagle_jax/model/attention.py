@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec
 from eagle_jax.errors import EagleError
 from eagle_jax.kernels_pallas.layout import round_up
 from eagle_jax.kernels_pallas.reference import tree_attention_reference
-from eagle_jax.model.config import check_attention
+from eagle_jax.model.config import check_attention, on_accelerator
 
 MODEL_AXIS = "model"  # the inference mesh's tensor-parallel axis (`eagle_jax.mesh.INFERENCE_AXES`)
 INTERPRETED = {"pallas_gpu_interpret": "gpu", "pallas_tpu_interpret": "tpu"}
@@ -38,8 +38,7 @@ def resolve_impl(impl: str, platform: str | None = None) -> str:
     check_attention(impl)
     if impl != "auto":
         return impl
-    platform = platform or jax.default_backend()
-    return "pallas" if platform in ("gpu", "cuda", "tpu") else "xla"
+    return "pallas" if on_accelerator(platform) else "xla"
 
 
 def kernel_backend(impl: str) -> str:

@@ -12,6 +12,15 @@ ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_gpu_interpret", "pallas_tpu_
 LAYER_FORMS = ("auto", "unrolled", "scan")  # how decoding runs the target's layers (`transformer.layer_form`)
 
 
+def on_accelerator(platform: str | None = None) -> bool:
+    """Whether `platform` (default: jax's default backend) is a GPU or a TPU."""
+    if platform is None:
+        import jax  # here, so that importing the configs (the CLI's flag parsing) does not load JAX
+
+        platform = jax.default_backend()
+    return platform in ("gpu", "cuda", "rocm", "tpu")
+
+
 def check_attention(attention: str) -> None:
     if attention not in ATTENTION_IMPLS:
         raise EagleError(f"unknown attention implementation {attention!r}; expected one of {', '.join(ATTENTION_IMPLS)}")

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.model.attention import cache_slots
-from eagle_jax.model.config import LAYER_FORMS, ModelConfig
+from eagle_jax.model.config import LAYER_FORMS, ModelConfig, on_accelerator
 from eagle_jax.errors import EagleError
 from eagle_jax.model.kv_cache import KVCache
 from eagle_jax.model.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
@@ -48,7 +48,7 @@ def layer_form(name: str = "auto", platform: str | None = None) -> str:
         raise EagleError(f"unknown layer form {name!r}; expected one of {', '.join(LAYER_FORMS)}")
     if name != "auto":
         return name
-    return "unrolled" if (platform or jax.default_backend()) == "cpu" else "scan"
+    return "scan" if on_accelerator(platform) else "unrolled"
 
 
 def is_stacked(params: dict) -> bool:
@@ -57,14 +57,10 @@ def is_stacked(params: dict) -> bool:
 
 
 def stack_layers(params: dict) -> dict:
-    """The params with their layers stacked into one dict of (L, ...) arrays (the scanned form);
-    each key is stacked and its per-layer arrays dropped before the next, so that at most one key
-    is held twice."""
-    layers = [dict(layer) for layer in params["layers"]]
-    stacked = {}
-    for key in list(layers[0]):
-        stacked[key] = jnp.stack([layer.pop(key) for layer in layers])
-    return params | {"layers": stacked}
+    """The params with their layers stacked into one dict of (L, ...) arrays (the scanned form).
+    A copy: while the per-layer arrays are held elsewhere too, the layers take twice the memory."""
+    layers = params["layers"]
+    return params | {"layers": {key: jnp.stack([layer[key] for layer in layers]) for key in layers[0]}}
 
 
 def unstack_layers(params: dict) -> dict:
