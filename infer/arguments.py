@@ -229,7 +229,7 @@ def build_engine(args: argparse.Namespace):
     mesh = None if sizes is None else make_mesh(sizes)
     dtype = run_dtype(args.dtype)
     shardings = None if mesh is None else lambda cfg, params: target_shardings(mesh, cfg, params)
-    target = load_target(args.model, dtype=dtype, shardings=shardings)  # straight into its shards
+    target = load_target(args.model, dtype=dtype, shardings=shardings, layers=args.layers)  # straight into its shards and form
     if args.float32_activations:
         target = dataclasses.replace(target, params=float32_activations(target.params))
     draft = None if draft_dir is None else load_draft(draft_dir, target.cfg, dtype=dtype)

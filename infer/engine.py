@@ -26,7 +26,7 @@ from eagle_jax.loading import TargetModel
 from eagle_jax.mesh import compiled_bytes, device_memory, place, replicated, row_count, to_host
 from eagle_jax.model.sharding import check_model_axis, draft_shardings, model_size, rows_sharding, target_shardings
 from eagle_jax.model.cpu_layout import backend_layout
-from eagle_jax.model.transformer import layer_form, stack_layers
+from eagle_jax.model.transformer import is_stacked, layer_form, stack_layers, unstack_layers
 from eagle_jax.decoding.sampling import SamplingConfig
 from eagle_jax.decoding.speculative import check_draft, generate_spec_jit
 from eagle_jax.decoding.tree import TreeConfig
@@ -77,18 +77,19 @@ class LaidOutParams(NamedTuple):
     def of(cls, target: TargetModel, draft: tuple[DraftConfig, dict] | None, mesh: Mesh | None, layers: str) -> "LaidOutParams":
         """Scanned layers (accelerators) are stacked, else on CPU the target keeps (in, out) copies
         for verify steps only where a head will verify. On a mesh every device receives only its
-        shards (`eagle_jax.model.sharding`), stacked there where the layers are scanned."""
+        shards (`eagle_jax.model.sharding`); a target loaded into them is used as it is. Params
+        loaded in the other layer form are converted, a copy (`load_target(layers=)` avoids it)."""
         params, dparams = target.params, None if draft is None else draft[1]
+        scan = layers == "scan"
+        if is_stacked(params) != scan:
+            params = stack_layers(params) if scan else unstack_layers(params)
         if mesh is not None:
             placed_head = None if draft is None else place(dparams, draft_shardings(mesh, *draft))
             placed = place(params, target_shardings(mesh, target.cfg, params))
-            if layers == "scan":
-                placed = stack_layers(placed)
-                placed = place(placed, target_shardings(mesh, target.cfg, placed))
-            return cls(params, placed, dparams, placed_head, mesh, layers)
+            return cls(target.params, placed, dparams, placed_head, mesh, layers)
         laid_out_head = None if dparams is None else backend_layout(dparams)
-        laid_out = stack_layers(params) if layers == "scan" else backend_layout(params, block_copies=dparams is not None)
-        return cls(params, laid_out, dparams, laid_out_head, None, layers)
+        laid_out = params if scan else backend_layout(params, block_copies=dparams is not None)
+        return cls(target.params, laid_out, dparams, laid_out_head, None, layers)
 
     def holds(self, params: dict, dparams: dict | None, mesh: Mesh | None, layers: str) -> bool:
         return self.source is params and self.draft_source is dparams and self.mesh is mesh and self.layers == layers

@@ -77,3 +77,29 @@ def test_wrong_weight_shape_is_named(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(EagleError, match=r"layers.1.w_up has shape \(64, 31\), expected \(64, 32\)"):
         load_target(str(tmp_path), with_tokenizer=False)
+
+
+def test_scanned_layers_load_straight_into_their_stacked_arrays():
+    """load_target(layers="scan") gives the stacked form's arrays (those of stack_layers over the
+    per-layer load), and an Engine that decodes in that form uses them as they are: the layers are
+    held once. An Engine in the other form converts them, and both decode the same tokens."""
+    from conftest import FIXTURES
+    from eagle_jax.infer.engine import Engine
+    from eagle_jax.model.transformer import stack_layers
+
+    directory = os.path.join(FIXTURES, "qwen3")  # q_norm and k_norm stacked too
+    unrolled = load_target(directory, with_tokenizer=False)
+    scanned = load_target(directory, with_tokenizer=False, layers="scan")
+    expected = stack_layers(unrolled.params)
+    assert jax.tree.structure(scanned.params) == jax.tree.structure(expected)
+    assert scanned.params["layers"]["q_norm"].shape == (scanned.cfg.num_layers, scanned.cfg.head_dim)
+    for a, b in zip(jax.tree.leaves(scanned.params), jax.tree.leaves(expected)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    engine = Engine(scanned, max_new_tokens=8, layers="scan")
+    assert engine.laid_out.params is scanned.params
+    rows = [[1, 2, 3], [4, 5]]
+    tokens = Engine(unrolled, max_new_tokens=8).run(rows, tree=None).tokens
+    assert engine.run(rows, tree=None).tokens == tokens == Engine(scanned, max_new_tokens=8).run(rows, tree=None).tokens
+    with pytest.raises(EagleError, match="unknown layer form 'stacked'"):
+        load_target(directory, with_tokenizer=False, layers="stacked")

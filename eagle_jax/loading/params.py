@@ -2,7 +2,9 @@
 and place it: tensor by tensor, each device receiving only its own slice.
 
 Loaders hand over each weight as a `HostTensor` (its shape, and how to read it as float32 on the
-host), so that no more than one tensor is ever read at a time and none is read twice.
+host), so that no more than one tensor is ever read at a time and none is read twice. For the
+scanned layer form (`transformer.stack_layers`), `stack_sources` groups each weight of every layer
+into a `HostStack`, which is placed as one (L, ...) array written layer by layer in place.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle_jax.model.config import ModelConfig
 from eagle_jax.errors import EagleError
@@ -37,10 +40,43 @@ class HostTensor:
         return cls(tuple(array.shape), lambda: array)
 
 
+@dataclasses.dataclass(frozen=True)
+class HostStack:
+    """One weight of every layer (HostTensors of equal shape), placed as a single (L, ...) array."""
+
+    layers: tuple[HostTensor, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.layers),) + self.layers[0].shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def stack_sources(params: dict) -> dict:
+    """Params of HostTensors with their layers grouped as the stacked form has them: one HostStack per
+    weight (nothing is read)."""
+    layers = params["layers"]
+    return params | {"layers": {key: HostStack(tuple(layer[key] for layer in layers)) for key in layers[0]}}
+
+
+def _layer_sharding(sharding):
+    """The sharding of one layer of a stacked array split as `sharding` (its layer axis whole)."""
+    if sharding is None:
+        return None
+    if not isinstance(sharding, NamedSharding) or (sharding.spec and sharding.spec[0] is not None):
+        raise EagleError(f"stacked layers are placed with a NamedSharding whose layer axis is whole, got {sharding}")
+    return NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
+
+
 def materialize(tree, dtype, shardings=None) -> object:
-    """jax arrays of a pytree of HostTensors, one tensor read (and cast to dtype) on the host at a
-    time. shardings (a pytree of jax shardings, the tree's structure): each device receives only its
-    slice, through jax.make_array_from_callback; None: the default device."""
+    """jax arrays of a pytree of HostTensors and HostStacks, one tensor read (and cast to dtype) on
+    the host at a time. shardings (a pytree of jax shardings, the tree's structure): each device
+    receives only its slice, through jax.make_array_from_callback; None: the default device. A
+    HostStack's array is allocated once and each layer written into it in place (the buffer
+    donated), so its devices hold the stack and one layer's slice at most."""
     np_dtype = jnp.dtype(dtype)
 
     def put(source: HostTensor, sharding=None):
@@ -52,10 +88,22 @@ def materialize(tree, dtype, shardings=None) -> object:
             return jnp.asarray(host)
         return jax.make_array_from_callback(source.shape, sharding, lambda index: host[index])
 
-    is_leaf = lambda x: isinstance(x, HostTensor)  # noqa: E731
+    def put_stack(source: HostStack, sharding=None):
+        per_layer = _layer_sharding(sharding)
+        on = {} if sharding is None else {"out_shardings": sharding}
+        stacked = jax.jit(lambda: jnp.zeros(source.shape, np_dtype), **on)()
+        write = jax.jit(lambda s, layer, i: jax.lax.dynamic_update_index_in_dim(s, layer, i, 0), donate_argnums=0, **on)
+        for i, layer in enumerate(source.layers):
+            stacked = write(stacked, put(layer, per_layer), i)
+        return stacked
+
+    def place(source, sharding=None):
+        return put_stack(source, sharding) if isinstance(source, HostStack) else put(source, sharding)
+
+    is_leaf = lambda x: isinstance(x, (HostTensor, HostStack))  # noqa: E731
     if shardings is None:
-        return jax.tree.map(put, tree, is_leaf=is_leaf)
-    return jax.tree.map(put, tree, shardings, is_leaf=is_leaf)
+        return jax.tree.map(place, tree, is_leaf=is_leaf)
+    return jax.tree.map(place, tree, shardings, is_leaf=is_leaf)
 
 
 def layer_keys(cfg: ModelConfig) -> tuple[str, ...]:

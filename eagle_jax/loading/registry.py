@@ -72,9 +72,14 @@ def resolve_model_path(name: str) -> str:
     )
 
 
-def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = True, shardings=None) -> TargetModel:
+def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = True, shardings=None,
+                layers: str = "auto") -> TargetModel:
     """Load config, params (in `dtype`: "auto" is bfloat16 on GPU/TPU and float32 on CPU, see
     `eagle_jax.dtypes`; or "float32", "bfloat16", a jnp dtype) and tokenizer of a target model.
+
+    layers: the form of the layers (`transformer.layer_form`: "auto" is scan on GPU/TPU, unrolled on
+    CPU); scanned layers are loaded straight into their stacked arrays, so that decoding in the form
+    they were loaded in (the Engine's default) holds them once.
 
     shardings: None puts the params on the default device; else a function (cfg, params of
     HostTensors) -> a pytree of jax shardings, and each device receives only its slice of every
@@ -84,9 +89,11 @@ def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = 
     from eagle_jax.loading.converted import load_converted, store_converted, worth_storing
     from eagle_jax.loading.gguf_file import load_gguf, open_gguf
     from eagle_jax.loading.hf import load_hf_directory
-    from eagle_jax.loading.params import HostTensor, materialize
+    from eagle_jax.loading.params import HostTensor, materialize, stack_sources
+    from eagle_jax.model.transformer import layer_form
     from eagle_jax.loading.tokenizer import tokenizer_from_directory, tokenizer_from_gguf
 
+    form = layer_form(layers)
     path = resolve_model_path(name)
     if os.path.isdir(path):
         cfg, sources = load_hf_directory(path)
@@ -104,6 +111,8 @@ def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = 
         else:
             cfg, sources, tokenizer = converted
     check_tokenizer(tokenizer, cfg, path)
+    if form == "scan":
+        sources = stack_sources(sources)
     params = materialize(sources, run_dtype(dtype), None if shardings is None else shardings(cfg, sources))
     return TargetModel(cfg, params, tokenizer if with_tokenizer else None, path)
 

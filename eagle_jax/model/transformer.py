@@ -58,7 +58,8 @@ def is_stacked(params: dict) -> bool:
 
 def stack_layers(params: dict) -> dict:
     """The params with their layers stacked into one dict of (L, ...) arrays (the scanned form).
-    A copy: while the per-layer arrays are held elsewhere too, the layers take twice the memory."""
+    A copy: while the per-layer arrays are held elsewhere too, the layers take twice the memory
+    (`load_target(layers="scan")` loads straight into this form)."""
     layers = params["layers"]
     return params | {"layers": {key: jnp.stack([layer[key] for layer in layers]) for key in layers[0]}}
 

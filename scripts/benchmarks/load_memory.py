@@ -1,6 +1,6 @@
 """Peak host RSS of loading a target, on one device or straight into the shards of a model axis.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=3 python scripts/benchmarks/load_memory.py SOURCE [--model-axis 3]
+    XLA_FLAGS=--xla_force_host_platform_device_count=3 python scripts/benchmarks/load_memory.py SOURCE [--model-axis 3] [--layers scan]
 
 Run it once per setting (a fresh process each, since the peak of a process only grows). The
 converted-model cache is bypassed, so a GGUF is dequantized tensor by tensor as it is placed. It
@@ -27,6 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("source", help="--model as the CLI takes it")
     parser.add_argument("--model-axis", type=int, default=1)
+    parser.add_argument("--layers", choices=("unrolled", "scan"), default="unrolled", help="the layer form loaded")
     args = parser.parse_args()
 
     import eagle_jax.loading.converted as converted
@@ -39,10 +40,10 @@ def main() -> None:
     before = peak_rss()
     mesh = make_mesh({"model": args.model_axis}) if args.model_axis > 1 else None
     shardings = None if mesh is None else (lambda cfg, params: target_shardings(mesh, cfg, params))
-    target = load_target(args.source, with_tokenizer=False, shardings=shardings)
+    target = load_target(args.source, with_tokenizer=False, shardings=shardings, layers=args.layers)
     leaves = jax.tree.leaves(target.params)
     print(json.dumps({
-        "source": args.source, "model_axis": args.model_axis, "peak_rss_mb": round(peak_rss() / 1e6),
+        "source": args.source, "model_axis": args.model_axis, "layers": args.layers, "peak_rss_mb": round(peak_rss() / 1e6),
         "rss_before_mb": round(before / 1e6), "params_mb": round(sum(x.nbytes for x in leaves) / 1e6),
         "largest_tensor_mb": round(max(4 * math.prod(x.shape) for x in leaves) / 1e6),
     }))

@@ -74,27 +74,35 @@ def write_hf_copy(target, directory) -> None:
 
 def test_loading_onto_a_model_axis_of_three_gives_each_device_only_its_share(tmp_path, monkeypatch):
     """Straight into shards, from the GGUF (dequantized tensor by tensor, the converted-model cache
-    out of the way) and from safetensors: every tensor the mesh splits is a third on each device
-    (heads, KV heads, MLP units, vocabulary), and the values are those of the single-device load."""
+    out of the way) and from safetensors, in both layer forms: every tensor the mesh splits is a
+    third on each device (heads, KV heads, MLP units, vocabulary), the values are those of the
+    single-device load, and an Engine on the mesh decodes the stacked form as it was loaded."""
     import numpy as np
 
+    from eagle_jax.infer.engine import Engine
     from eagle_jax.loading import load_target
     from eagle_jax.mesh import make_mesh
     from eagle_jax.model.sharding import target_shardings, target_specs
+    from eagle_jax.model.transformer import stack_layers
 
     mesh = make_mesh({"model": 3})
     one = load_target("smollm2-135m-instruct")
     write_hf_copy(one, tmp_path)
     monkeypatch.setattr("eagle_jax.loading.converted.entry_dir", lambda path: None)  # no converted cache
+    forms = {"unrolled": (one.params, one.cfg.num_layers), "scan": (stack_layers(one.params), 1)}
     for source in ("smollm2-135m-instruct", str(tmp_path)):
-        sharded = load_target(source, shardings=lambda cfg, params: target_shardings(mesh, cfg, params))
-        specs = jax.tree.leaves(target_specs(sharded.cfg, sharded.params, 3), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-        split = 0
-        for spec, array, whole in zip(specs, jax.tree.leaves(sharded.params), jax.tree.leaves(one.params)):
-            axes = [a for a, name in enumerate(spec) if name == "model"]
-            expected = tuple(n // 3 if a in axes else n for a, n in enumerate(array.shape))
-            assert len(array.addressable_shards) == 3
-            assert all(shard.data.shape == expected for shard in array.addressable_shards), (spec, array.shape)
-            np.testing.assert_array_equal(np.asarray(array), np.asarray(whole))
-            split += bool(axes)
-        assert split == 1 + 7 * sharded.cfg.num_layers  # the embedding, wq wk wv wo w_gate w_up w_down of each layer
+        for form, (whole_params, layer_arrays) in forms.items():
+            sharded = load_target(source, shardings=lambda cfg, params: target_shardings(mesh, cfg, params), layers=form)
+            specs = jax.tree.leaves(target_specs(sharded.cfg, sharded.params, 3), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+            assert jax.tree.structure(sharded.params) == jax.tree.structure(whole_params)
+            split = 0
+            for spec, array, whole in zip(specs, jax.tree.leaves(sharded.params), jax.tree.leaves(whole_params)):
+                axes = [a for a, name in enumerate(spec) if name == "model"]
+                expected = tuple(n // 3 if a in axes else n for a, n in enumerate(array.shape))
+                assert len(array.addressable_shards) == 3
+                assert all(shard.data.shape == expected for shard in array.addressable_shards), (spec, array.shape)
+                np.testing.assert_array_equal(np.asarray(array), np.asarray(whole))
+                split += bool(axes)
+            assert split == 1 + 7 * layer_arrays  # the embedding, wq wk wv wo w_gate w_up w_down of each layer (or stack)
+    engine = Engine(sharded, mesh=mesh, layers="scan")
+    assert all(a is b for a, b in zip(jax.tree.leaves(engine.laid_out.params), jax.tree.leaves(sharded.params)))
