@@ -136,10 +136,14 @@ class Engine:
         check_draft(self.target.cfg, self.draft[0], tree, self.sampling)
 
     def encode_chat(self, messages: list[dict], raw: bool = False) -> list[int]:
-        """Token ids of a conversation rendered with the model's chat template (or raw text)."""
+        """Token ids of a conversation rendered with the model's chat template, or of its raw text
+        with what the tokenizer adds to a text of its own (Gemma's BOS)."""
         tok = self.target.tokenizer
         if raw:
-            return tok.encode("".join(m["content"] for m in messages), add_special_tokens=False)
+            return tok.encode("".join(m["content"] for m in messages))
+        if not tok.chat_template:
+            raise EagleError(f"{self.target.source} has no chat template (a base model, such as gemma3-270m): "
+                             "pass --raw to feed the prompt as raw text")
         try:
             ids = tok.apply_chat_template(messages, add_generation_prompt=True)
         except jinja2.TemplateError as e:  # a broken template, or one that refuses this conversation

@@ -53,6 +53,18 @@ def unpack_query_rows(out: jax.Array, tq: int, heads: int) -> jax.Array:
     return out.transpose(0, 2, 1, 3, 4).reshape(b, tq, heads, d)
 
 
+PAST_EVERY_SLOT = 2**30  # the start of a padded query row: no cache slot reaches it
+
+
+def pack_query_starts(starts: jax.Array | None, b: int, tq: int, groups: int, rows: int) -> jax.Array:
+    """(B, Tq) first visible cache slots (None: 0) -> (B, rows, 1) int32 in packed row order;
+    padded rows start past every slot, so that a tile's smallest start is a real query's."""
+    starts = jnp.zeros((b, tq), jnp.int32) if starts is None else starts.astype(jnp.int32)
+    packed = jnp.repeat(starts, groups, axis=1)  # (B, Tq * G)
+    extra = rows - packed.shape[1]
+    return jnp.pad(packed, ((0, 0), (0, extra)), constant_values=PAST_EVERY_SLOT)[..., None]
+
+
 def words_per_block(key_block: int) -> int:
     return math.ceil(key_block / BITS_PER_WORD)
 

@@ -1,7 +1,8 @@
 """Reference (pure jnp) tree attention: the oracle every Pallas kernel must match.
 
 Contract shared by the reference and the kernels. For batch row b, query t attends to
-  * the cached prefix: cache keys s with s < lengths[b], and
+  * the cached prefix: cache keys s with starts[b, t] <= s < lengths[b] (starts default 0; a
+    sliding-window layer passes the first slot inside the query's window), and
   * the new block: new keys j with block_mask[b, t, j].
 A plain causal step is the special case block_mask = lower-triangular; a tree-verify step uses the
 ancestor-or-self mask of the draft tree. GQA: query head h reads kv head h // (H // KV).
@@ -29,6 +30,7 @@ def tree_attention_reference(
     k_new: jax.Array,  # (B, Tk, KV, D)
     v_new: jax.Array,  # (B, Tk, KV, D)
     block_mask: jax.Array,  # (B, Tq, Tk) bool
+    starts: jax.Array | None = None,  # (B, Tq) int32, first visible cache slot per query; None: 0
     *,
     scale: float | None = None,
 ) -> jax.Array:  # (B, Tq, H, D)
@@ -41,6 +43,8 @@ def tree_attention_reference(
     prefix_scores = jnp.einsum("bkqd,bksd->bkqs", qg, k_cache.astype(jnp.float32))
     block_scores = jnp.einsum("bkqd,bjkd->bkqj", qg, k_new.astype(jnp.float32))
     prefix_visible = (jnp.arange(s)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    if starts is not None:  # rows (g, t): query t's start for each of its G heads
+        prefix_visible = prefix_visible & (jnp.arange(s) >= jnp.tile(starts, (1, groups))[:, :, None])[:, None]
     block_visible = jnp.tile(block_mask, (1, groups, 1))[:, None]  # (B, 1, G * Tq, Tk)
     prefix_scores = jnp.where(prefix_visible, prefix_scores, NEG_INF)
     block_scores = jnp.where(block_visible, block_scores, NEG_INF)

@@ -1,8 +1,9 @@
 """Tree attention as a Pallas GPU kernel (Triton lowering); contract in reference.py.
 
 One program per (batch row, kv head, tile of packed GQA query rows). It streams the row's cached
-prefix in blocks of `block_k` keys, stopping at the row's length (a loop with a dynamic trip count,
-so cache blocks past the length are never read), then the Tk new keys under the packed ancestor
+prefix in blocks of `block_k` keys, from the block of the tile's first visible slot (sliding
+windows) to the row's length (a loop with dynamic bounds, so cache blocks outside them are never
+read), then the Tk new keys under the packed ancestor
 bitmask, with one online softmax over both. Triton needs power-of-two tiles of at least 16 for its
 dots: query rows and new keys are zero-padded to that here. The cache is padded along S only when
 S is not a multiple of `block_k`, which copies it: eagle-jax allocates caches in multiples of
@@ -32,12 +33,14 @@ CACHE_BLOCK = 64  # the default block_k: caches sized in multiples of it are nev
 
 def _kernel(
     lengths_ref,  # () int32
+    first_ref,  # () int32, the tile's smallest start
     q_ref,  # (bq, D)
     k_cache_ref,  # (S_pad, D), one kv head's contiguous keys
     v_cache_ref,  # (S_pad, D)
     k_new_ref,  # (nT * bn, D)
     v_new_ref,  # (nT * bn, D)
     words_ref,  # (nT, W, bq, 1) int32
+    starts_ref,  # (bq, 1) int32, first visible cache slot per row
     out_ref,  # (bq, D)
     *,
     scale: float,
@@ -47,13 +50,15 @@ def _kernel(
     q = q_ref[...]
     rows = q.shape[0]
     length = lengths_ref[...]
+    starts = starts_ref[...]
     prefix_lane = jax.lax.broadcasted_iota(jnp.int32, (rows, block_k), 1)
     new_lane = jax.lax.broadcasted_iota(jnp.int32, (rows, block_new), 1)
 
     def prefix_step(i, state):
         start = pl.multiple_of(i * block_k, block_k)
         keys = pl.ds(start, block_k)
-        visible = start + prefix_lane < length
+        position = start + prefix_lane
+        visible = (position < length) & (position >= starts)
         return attend_block(state, q, k_cache_ref[keys, :], v_cache_ref[keys, :], visible, scale)
 
     def new_step(p, state):
@@ -63,7 +68,7 @@ def _kernel(
         return attend_block(state, q, k_new_ref[keys, :], v_new_ref[keys, :], visible, scale)
 
     state = empty_state(rows, q.shape[1])
-    state = jax.lax.fori_loop(0, pl.cdiv(length, block_k), prefix_step, state)
+    state = jax.lax.fori_loop(first_ref[...] // block_k, pl.cdiv(length, block_k), prefix_step, state)
     state = jax.lax.fori_loop(0, words_ref.shape[0], new_step, state)
     out_ref[...] = finish(state).astype(out_ref.dtype)
 
@@ -80,6 +85,7 @@ def tree_attention_gpu(
     k_new: jax.Array,  # (B, Tk, KV, D)
     v_new: jax.Array,  # (B, Tk, KV, D)
     block_mask: jax.Array,  # (B, Tq, Tk) bool
+    starts: jax.Array | None = None,  # (B, Tq) int32, first visible cache slot per query; None: 0
     *,
     scale: float | None = None,
     interpret: bool = False,
@@ -115,6 +121,8 @@ def tree_attention_gpu(
     k_new, v_new = (layout.pad_axis(x, 1, tk_pad) for x in (k_new, v_new))
     words = layout.pack_mask_words(block_mask, groups, rows, block_new, n_new_blocks)  # (B, nT, W, rows, 1)
     lengths = jnp.clip(lengths.astype(jnp.int32), 0, s)
+    row_starts = layout.pack_query_starts(starts, b, tq, groups, rows)  # (B, rows, 1)
+    tile_first = row_starts.reshape(b, rows // block_q, block_q).min(-1)  # (B, tiles)
 
     row_tile = pl.BlockSpec((None, None, block_q, d), lambda i, j, r: (i, j, r, 0))
     cache = pl.BlockSpec((None, None, s_pad, d), lambda i, j, r: (i, j, 0, 0))
@@ -124,17 +132,19 @@ def tree_attention_gpu(
         grid=(b, kv, rows // block_q),
         in_specs=[
             pl.BlockSpec((None,), lambda i, j, r: (i,)),
+            pl.BlockSpec((None, None), lambda i, j, r: (i, r)),
             row_tile,
             cache,
             cache,
             new,
             new,
             pl.BlockSpec((None, n_new_blocks, width, block_q, 1), lambda i, j, r: (i, 0, 0, r, 0)),
+            pl.BlockSpec((None, block_q, 1), lambda i, j, r: (i, r, 0)),
         ],
         out_specs=row_tile,
         out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="tree_attention_gpu",
-    )(lengths, q_rows, k_cache, v_cache, k_new, v_new, words)
+    )(lengths, tile_first, q_rows, k_cache, v_cache, k_new, v_new, words, row_starts)
     return layout.unpack_query_rows(out, tq, h)

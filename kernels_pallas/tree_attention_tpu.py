@@ -46,6 +46,7 @@ def _kernel(
     k_new_ref,  # (bn, D)
     v_new_ref,  # (bn, D)
     words_ref,  # (W, bq, 1) int32
+    starts_ref,  # (bq, 1) int32, first visible cache slot per row
     out_ref,  # (bq, D)
     peak_ref,  # (bq, 128) float32, lane-replicated
     total_ref,  # (bq, 128) float32, lane-replicated
@@ -78,7 +79,7 @@ def _kernel(
     def _prefix():
         block_k = k_cache_ref.shape[0]
         position = step * block_k + jax.lax.broadcasted_iota(jnp.int32, (rows, block_k), 1)
-        attend(k_cache_ref[...], v_cache_ref[...], position < length)
+        attend(k_cache_ref[...], v_cache_ref[...], (position < length) & (position >= starts_ref[...]))
 
     @pl.when(step >= prefix_blocks)
     def _new():
@@ -100,6 +101,7 @@ def tree_attention_tpu(
     k_new: jax.Array,  # (B, Tk, KV, D)
     v_new: jax.Array,  # (B, Tk, KV, D)
     block_mask: jax.Array,  # (B, Tq, Tk) bool
+    starts: jax.Array | None = None,  # (B, Tq) int32, first visible cache slot per query; None: 0
     *,
     scale: float | None = None,
     interpret: bool = False,
@@ -135,6 +137,7 @@ def tree_attention_tpu(
     k_new, v_new = (layout.pad_axis(x, 1, tk_pad).swapaxes(1, 2) for x in (k_new, v_new))  # (B, KV, tk_pad, D)
     words = layout.pack_mask_words(block_mask, groups, rows, block_new, new_blocks)  # (B, nT, W, rows, 1)
     lengths = jnp.clip(lengths.astype(jnp.int32), 0, s)
+    row_starts = layout.pack_query_starts(starts, b, tq, groups, rows)  # (B, rows, 1)
 
     def cache_map(i, g, r, step, lengths_ref):
         # lax.div truncates; lengths are >= 0, so this is a ceil-div without a sign op.
@@ -158,6 +161,7 @@ def tree_attention_tpu(
             pl.BlockSpec((None, None, block_new, d), new_map),
             pl.BlockSpec((None, None, block_new, d), new_map),
             pl.BlockSpec((None, None, width, block_q, 1), words_map),
+            pl.BlockSpec((None, block_q, 1), lambda i, g, r, step, _: (i, r, 0)),
         ],
         out_specs=row_tile,
         scratch_shapes=[
@@ -176,5 +180,5 @@ def tree_attention_tpu(
         ),
         interpret=interpret,
         name="tree_attention_tpu",
-    )(lengths, q_rows, k_cache, v_cache, k_new, v_new, words)
+    )(lengths, q_rows, k_cache, v_cache, k_new, v_new, words, row_starts)
     return layout.unpack_query_rows(out, tq, h)

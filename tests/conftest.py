@@ -41,3 +41,21 @@ def smollm2():
 @pytest.fixture(scope="session")
 def smollm2_target():
     return smollm2()
+
+
+def assert_last_logits_match(params: dict, hidden, lengths, ref, tol: float = 1e-3) -> None:
+    """Logits at the last three prompt positions of post-norm `hidden` (B, T, d) against a GGUF
+    reference of scripts/tools/make_reference_fixtures.py: its top-64 logits and the logsumexp over
+    the whole vocabulary, within `tol`."""
+    import numpy as np
+
+    from eagle_jax.decoding.prompts import last_valid
+    from eagle_jax.model.transformer import lm_head
+
+    for back in range(3):
+        logits = np.asarray(lm_head(params, last_valid(hidden, lengths - (2 - back))), np.float64)
+        top = np.take_along_axis(logits, ref["last_top64_ids"][:, back], 1)
+        assert np.abs(top - ref["last_top64_logits"][:, back]).max() <= tol
+        peak = logits.max(-1)
+        logsumexp = peak + np.log(np.exp(logits - peak[:, None]).sum(-1))
+        assert np.abs(logsumexp - ref["last_logits_logsumexp"][:, back]).max() <= tol

@@ -146,6 +146,17 @@ def test_a_broken_chat_template_is_one_line(capsys, tiny_model, tmp_path):
     assert generate(capsys, str(model), "--raw")[0] == 0
 
 
+def test_a_model_without_a_chat_template_is_one_line(capsys, tiny_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    (model / "chat_template.jinja").unlink()
+    code, _, err = generate(capsys, str(model))
+    assert_one_line_error(code, err, f"{model} has no chat template (a base model, such as gemma3-270m): pass --raw")
+    assert generate(capsys, str(model), "--raw")[0] == 0
+
+
 def test_a_flag_error_is_one_line_not_a_usage_block(capsys, tiny_model):
     for flags in (["--max-new-tokens", "0"], ["--max-new-tokens", "x"], ["--no-such-flag"], ["--tree-scoring", "best"]):
         code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *flags)

@@ -127,19 +127,21 @@ def assert_matches_reference(case: Case, out: jax.Array, args: tuple[jax.Array, 
     )
 
 
-def naive_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, scale=None) -> np.ndarray:
+def naive_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, starts=None, scale=None) -> np.ndarray:
     """The contract written out query by query and head by head in float64 numpy."""
     q, k_cache, v_cache, k_new, v_new = (np.asarray(x, np.float64) for x in (q, k_cache, v_cache, k_new, v_new))
     b, tq, h, d = q.shape
     kv = k_cache.shape[1]
     scale = d**-0.5 if scale is None else scale
+    starts = np.zeros((b, tq), int) if starts is None else np.asarray(starts)
     out = np.zeros((b, tq, h, d))
     for row in range(b):
         for t in range(tq):
             for head in range(h):
                 g = head // (h // kv)
-                keys = np.concatenate([k_cache[row, g, : lengths[row]], k_new[row, np.asarray(mask)[row, t], g]])
-                values = np.concatenate([v_cache[row, g, : lengths[row]], v_new[row, np.asarray(mask)[row, t], g]])
+                prefix = slice(starts[row, t], lengths[row])
+                keys = np.concatenate([k_cache[row, g, prefix], k_new[row, np.asarray(mask)[row, t], g]])
+                values = np.concatenate([v_cache[row, g, prefix], v_new[row, np.asarray(mask)[row, t], g]])
                 if len(keys):
                     scores = keys @ q[row, t, head] * scale
                     weights = np.exp(scores - scores.max())
@@ -183,6 +185,36 @@ def test_query_that_sees_nothing_is_zero(backend: str) -> None:
     assert case.lengths[0] == 0 and not np.asarray(args[-1])[0, -padded:].any()
     np.testing.assert_array_equal(np.asarray(out[0, -padded:]), 0.0)
     assert np.all(np.abs(np.asarray(out[1, -padded:])) > 0.0)  # row 1 still sees its prefix
+
+
+WINDOWED = {  # sliding windows: each query sees the cache from its own start slot on
+    "verify_after_a_long_prefix": Case(2, 7, 7, 8, 2, 64, 160, (150, 97), "tree", F32),
+    "prefill_chunk_gqa3_bf16": Case(2, 16, 16, 9, 3, 64, 96, (96, 40), "causal", BF16),
+}
+
+
+def window_starts(case: Case, seed: int) -> jax.Array:
+    """(B, Tq) starts from 0 up to past the row's length (a query whose window holds no cached key)."""
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(np.stack([rng.integers(0, n + 2, case.queries) for n in case.lengths]), jnp.int32)
+
+
+@pytest.mark.parametrize("name", WINDOWED)
+@pytest.mark.parametrize("backend", [None, *KERNELS])
+def test_window_starts_hide_the_cache_before_them(backend: str | None, name: str) -> None:
+    """Reference (against the contract written out) and both kernels with per-query starts; the
+    starts change the result, so they are not ignored."""
+    case = WINDOWED[name]
+    args = make_inputs(case, seed=4)
+    starts = window_starts(case, seed=5)
+    tol = TOLERANCE[case.dtype]
+    expected = naive_attention(*args, starts)
+    if backend is None:
+        out = tree_attention_reference(*args, starts)
+    else:
+        out = KERNELS[backend](*args, starts, interpret=True, **SMALL_BLOCKS)
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected, atol=tol, rtol=tol)
+    assert np.abs(expected - naive_attention(*args)).max() > 10 * tol
 
 
 def test_custom_scale() -> None:

@@ -417,3 +417,43 @@ def test_bfloat16_weights_with_float32_activations():
     np.testing.assert_array_equal(spec.tokens, ar.tokens)
     assert spec.accept_histogram[:, 1:].sum() > 0
     assert make_cache(CFG, 1, 8, params["embed"].dtype).k[0].dtype == jnp.float32  # what decoding allocates
+
+
+GEMMA_LIKE = tiny_config(  # Gemma 3's shape of model: two sliding layers per global one, a window far shorter than the cache
+    vocab_size=8, family="gemma3", qk_norm=True, sandwich_norms=True, mlp_activation="gelu_tanh", embed_scale=32**0.5,
+    query_scale=12**-0.5, sliding_window=6, sliding_layers=(0, 1, 3, 4), local_rope=dataclasses.replace(CFG.rope, theta=100.0),
+    rope=dataclasses.replace(CFG.rope, theta=1e6), tie_embeddings=True,
+)
+
+
+@pytest.mark.parametrize("attention", ["xla", "pallas_gpu_interpret", "pallas_tpu_interpret"])
+@pytest.mark.parametrize("form", ["unrolled", "scan"])
+def test_greedy_equality_with_sliding_windows_shorter_than_the_cache(form, attention):
+    """Decoding 40 tokens through windows of 6: speculative equals plain, and plain decoding (cache
+    starts per query) gives at every step the argmax of one causal forward over the whole sequence
+    (windows in the block mask), so the cache and the block agree on what a window hides."""
+    cfg = dataclasses.replace(GEMMA_LIKE, attention=attention)
+    params = init_params(jax.random.key(2), cfg, scale=0.3)
+    params = stack_layers(params) if form == "scan" else params
+    dcfg = DraftConfig.for_target(cfg, kind="eagle3")
+    dparams = init_draft_params(jax.random.key(1), dcfg, scale=0.3)
+    ar, spec = run_both(dcfg, dparams, TreeConfig(4, 3, 16), params=params, cfg=cfg)
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    assert spec.accept_histogram[:, 1:].sum() > 0
+    tokens, lengths = PROMPTS
+    row, n = 1, int(lengths[1])  # the longest prompt: 11 tokens, then 40 generated
+    sequence = np.concatenate([np.asarray(tokens[row, :n]), ar.tokens[row]])[None]
+    t = sequence.shape[1]
+    out = forward(params, cfg, jnp.asarray(sequence), jnp.arange(t)[None], None, causal_mask(jnp.ones((1, t), bool)))
+    np.testing.assert_array_equal(np.asarray(jnp.argmax(lm_head(params, out.hidden), -1))[0, n - 1:-1], ar.tokens[row])
+
+
+def test_the_window_hides_what_lies_before_it():
+    """Positions past the window see other logits than with full attention, positions inside it the same."""
+    params = init_params(jax.random.key(2), GEMMA_LIKE, scale=0.3)
+    tokens = jax.random.randint(jax.random.key(3), (1, 20), 0, 8)
+    args = (jnp.arange(20)[None], None, causal_mask(jnp.ones((1, 20), bool)))
+    windowed = lm_head(params, forward(params, GEMMA_LIKE, tokens, *args).hidden)
+    full = lm_head(params, forward(params, dataclasses.replace(GEMMA_LIKE, sliding_window=1000), tokens, *args).hidden)
+    np.testing.assert_allclose(windowed[:, :6], full[:, :6], atol=1e-5)
+    assert np.abs(np.asarray(windowed[:, 6:] - full[:, 6:])).min(-1).max() > 1e-3

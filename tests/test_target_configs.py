@@ -14,6 +14,7 @@ CONFIG_CLASSES = {
     "MistralForCausalLM": transformers.MistralConfig,
     "Qwen2ForCausalLM": transformers.Qwen2Config,
     "Qwen3ForCausalLM": transformers.Qwen3Config,
+    "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
 }
 
 
@@ -36,7 +37,7 @@ def refusal(config: dict) -> str:
 def test_every_key_transformers_writes_is_accounted_for(arch):
     cfg = config_from_hf(hf_config(arch), "MODEL")
     assert (cfg.vocab_size, cfg.num_layers, cfg.num_kv_heads) == (64, 4, 2)
-    assert cfg.qkv_bias == (arch == "Qwen2ForCausalLM") and cfg.qk_norm == (arch == "Qwen3ForCausalLM")
+    assert cfg.qkv_bias == (arch == "Qwen2ForCausalLM") and cfg.qk_norm == (arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"))
 
 
 def test_llama3_rope_scaling_in_the_transformers_4_layout():
@@ -48,14 +49,38 @@ def test_llama3_rope_scaling_in_the_transformers_4_layout():
     assert (rope.rope_type, rope.theta, rope.factor, rope.original_max_position) == ("llama3", 500000.0, 8.0, 8192)
 
 
-def test_sliding_windows_are_kept():
-    assert config_from_hf(hf_config("MistralForCausalLM", sliding_window=4096), "M").sliding_window == 4096
+def test_sliding_windows_are_kept_with_the_layers_that_slide():
+    mistral = config_from_hf(hf_config("MistralForCausalLM", sliding_window=4096), "M")
+    assert (mistral.sliding_window, mistral.sliding_layers, mistral.layer_window(3)) == (4096, None, 4096)
     assert config_from_hf(hf_config("MistralForCausalLM", sliding_window=None), "M").sliding_window is None
-    qwen = hf_config("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=512, max_window_layers=2)
-    assert config_from_hf(qwen, "M").sliding_window == 512
+    qwen = config_from_hf(hf_config("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=512, max_window_layers=2,
+                                      layer_types=None), "M")
+    assert (qwen.sliding_window, qwen.sliding_layers) == (512, (2, 3))
     assert config_from_hf(hf_config("Qwen3ForCausalLM", sliding_window=512), "M").sliding_window is None  # switched off
-    layers = hf_config("Qwen3ForCausalLM", sliding_window=256, layer_types=["sliding_attention", "full_attention"] * 2)
-    assert config_from_hf(layers, "M").sliding_window == 256
+    types = ["sliding_attention", "full_attention"] * 2
+    layers = config_from_hf(hf_config("Qwen3ForCausalLM", use_sliding_window=True, sliding_window=256, layer_types=types), "M")
+    assert (layers.sliding_window, layers.sliding_layers, layers.layer_window(1)) == (256, (0, 2), None)
+    off = hf_config("Qwen3ForCausalLM", sliding_window=256, layer_types=types)  # transformers ignores the types without the switch
+    assert config_from_hf(off, "M").sliding_window is None
+
+
+def test_gemma3_as_transformers_writes_it():
+    """Both rope bases (transformers 5's rope_parameters per layer type, and transformers 4's keys),
+    the query scale, GeGLU, the embedding scale and every sixth layer global."""
+    config = hf_config("Gemma3ForCausalLM", num_hidden_layers=12, layer_types=None, sliding_window=512, query_pre_attn_scalar=24,
+                       rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    cfg = config_from_hf(config, "M")
+    assert cfg.family == "gemma3" and cfg.sandwich_norms and cfg.mlp_activation == "gelu_tanh" and cfg.tie_embeddings
+    assert (cfg.rope.theta, cfg.rope.rope_type, cfg.rope.factor, cfg.local_rope.theta) == (1e6, "linear", 8.0, 1e4)
+    assert cfg.query_scale == 24**-0.5 and cfg.embed_scale == 32**0.5
+    assert [cfg.layer_window(i) for i in range(12)] == [512] * 5 + [None] + [512] * 5 + [None]
+    assert cfg.layer_rope(0) == cfg.local_rope and cfg.layer_rope(5) == cfg.rope
+    old = {k: v for k, v in config.items() if k not in ("rope_parameters", "layer_types")}
+    old |= {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window_pattern": 4}
+    cfg4 = config_from_hf(old, "M")
+    assert (cfg4.rope, cfg4.local_rope) == (cfg.rope, cfg.local_rope)
+    assert [cfg4.layer_window(i) is None for i in range(8)] == [False, False, False, True] * 2
 
 
 REFUSED = [
@@ -79,7 +104,11 @@ REFUSED = [
     ("LlamaForCausalLM", dict(model_type="gemma3_text"), "model_type \"gemma3_text\""),
     ("LlamaForCausalLM", dict(residual_multiplier=0.22), "unknown config key(s) residual_multiplier"),
     ("Qwen3ForCausalLM", dict(layer_types=["chunked_attention"] * 4), "layer_types"),
-    ("Qwen3ForCausalLM", dict(layer_types=["sliding_attention"] * 4, sliding_window=None), "sliding_window"),
+    ("Qwen3ForCausalLM", dict(use_sliding_window=True, layer_types=["sliding_attention"] * 4, sliding_window=None), "sliding_window"),
+    ("Gemma3ForCausalLM", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+    ("Gemma3ForCausalLM", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("Gemma3ForCausalLM", dict(hidden_activation="gelu"), "hidden_activation"),
+    ("Gemma3ForCausalLM", dict(rope_parameters={"global": {"rope_theta": 1e6}}), "rope_parameters"),
 ]
 
 

@@ -11,21 +11,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
-from eagle_jax.decoding.prompts import last_valid, prefill
+from conftest import FIXTURES, assert_last_logits_match
+from eagle_jax.decoding.prompts import prefill
 from eagle_jax.loading import load_target
 from eagle_jax.model.cpu_layout import FEW_ROWS, MAX_BLOCK_TOKENS, CpuWeight, cpu_layout
 from eagle_jax.model.layers import dense
-from eagle_jax.model.transformer import causal_mask, forward, lm_head, make_cache
+from eagle_jax.model.transformer import causal_mask, forward, lm_head, make_cache, stack_layers
 
-FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm"]
+FAMILIES = ["llama", "llama3", "mistral", "mistral_window", "qwen2", "qwen3", "smollm", "gemma3"]
 
 
-@pytest.mark.parametrize("laid_out", [False, True], ids=["stored", "cpu_layout"])
+@pytest.mark.parametrize("layout", ["stored", "cpu_layout", "scan"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_and_hidden_states_match_transformers(family, laid_out):
-    """The forward matches transformers with the weights as loaded and in the CPU layout (whose
-    (in, out) copies blocks of tokens multiply by, and whose other form one row takes)."""
+def test_logits_and_hidden_states_match_transformers(family, layout):
+    """The forward matches transformers with the weights as loaded, in the CPU layout (whose
+    (in, out) copies blocks of tokens multiply by, and whose other form one row takes) and with
+    the layers stacked and scanned over."""
     directory = os.path.join(FIXTURES, family)
     ref = np.load(os.path.join(directory, "reference.npz"))
     target = load_target(directory, with_tokenizer=False)
@@ -33,7 +34,8 @@ def test_logits_and_hidden_states_match_transformers(family, laid_out):
     ids = jnp.asarray(ref["input_ids"])
     positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
     layers = tuple(range(cfg.num_layers))
-    params = cpu_layout(target.params) if laid_out else target.params
+    laid_out = layout == "cpu_layout"
+    params = cpu_layout(target.params) if laid_out else stack_layers(target.params) if layout == "scan" else target.params
     if laid_out:
         assert all(isinstance(layer["wq"], CpuWeight) and layer["wq"].in_out is not None for layer in params["layers"])
         assert 1 < ids.shape[1] < MAX_BLOCK_TOKENS  # the block multiplies by the copies
@@ -48,7 +50,7 @@ def test_logits_and_hidden_states_match_transformers(family, laid_out):
     assert np.abs(np.asarray(out.hidden) - ref["hidden_states"][-1]).max() <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "mistral_window", "gemma3"])
 def test_incremental_decoding_with_cache_matches(family):
     directory = os.path.join(FIXTURES, family)
     ref = np.load(os.path.join(directory, "reference.npz"))
@@ -72,10 +74,7 @@ def test_smollm2_gguf_logits_match_transformers(smollm2_target):
     ids, lengths = jnp.asarray(ref["prompt_ids"]), jnp.asarray(ref["prompt_lengths"])
     cache = make_cache(smollm2_target.cfg, ids.shape[0], 64)
     out, _ = prefill(smollm2_target.params, smollm2_target.cfg, ids, lengths, cache)
-    for back in range(3):  # the last three prompt positions
-        hidden = last_valid(out.hidden, lengths - (2 - back))
-        logits = np.asarray(lm_head(smollm2_target.params, hidden))
-        assert np.abs(logits - ref["last_logits"][:, back]).max() <= 1e-3
+    assert_last_logits_match(smollm2_target.params, out.hidden, lengths, ref)
 
 
 @pytest.mark.slow

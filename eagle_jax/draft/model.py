@@ -23,7 +23,7 @@ from eagle_jax.model import transformer as target_model
 from eagle_jax.draft.config import DraftConfig
 from eagle_jax.model.attention import cache_slots
 from eagle_jax.model.kv_cache import KVCache
-from eagle_jax.model.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
+from eagle_jax.model.layers import dense, gated_mlp, rms_norm, rope_inverse_frequencies, self_attention
 
 
 class DraftOutput(NamedTuple):
@@ -93,7 +93,7 @@ def draft_layer(dparams, dcfg, target_params, hidden, tokens, positions, cache, 
         inv_freq=rope_inverse_frequencies(dcfg.rope, dcfg.head_dim), eps=eps, extra_kv=extra_kv, attention=dcfg.attention,
     )
     h = residual + a
-    return h + swiglu(rms_norm(h, p["mlp_norm"], eps), p), k, v
+    return h + gated_mlp(rms_norm(h, p["mlp_norm"], eps), p), k, v
 
 
 def draft_readout(dparams: dict, dcfg: DraftConfig, target_params: dict, h: jax.Array) -> tuple[jax.Array, jax.Array]:

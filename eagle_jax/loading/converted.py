@@ -72,7 +72,11 @@ def _read_entry(entry: str):
 
     fields = read_json(os.path.join(entry, "config.json"), what="a converted model's config")
     fields["rope"] = RopeConfig(**fields["rope"])
-    fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+    if fields.get("local_rope") is not None:
+        fields["local_rope"] = RopeConfig(**fields["local_rope"])
+    for key in ("eos_token_ids", "sliding_layers"):  # JSON lists back to the config's tuples
+        if fields.get(key) is not None:
+            fields[key] = tuple(fields[key])
     params = unflatten_dict(safetensors_sources(os.path.join(entry, "params.safetensors")), sep=".")
     params["layers"] = [params["layers"][str(i)] for i in range(len(params["layers"]))]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(entry, "tokenizer"))

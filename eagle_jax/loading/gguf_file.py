@@ -12,7 +12,12 @@ from eagle_jax.loading.params import HostTensor, assemble_params
 
 # GGUF architecture -> (our family, whether llama.cpp permuted the q/k rows at conversion)
 DEQUANTIZE_BYTES = 8 << 20  # quantized bytes dequantized at once
-ARCHITECTURES = {"llama": ("llama", True), "mistral": ("mistral", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("mistral", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
+                 "gemma3": ("gemma3", False)}
+# What llama.cpp fixes for Gemma 3 rather than writing into the file: every sixth layer global, the
+# others sliding with rope base 10000; the query scale 1/sqrt(head_dim), but 1/sqrt(hidden / heads)
+# for the 27B (62 layers). Its norm weights are stored as the scale (1 + w), as our params hold them.
+GEMMA3_GLOBAL_EVERY, GEMMA3_LOCAL_THETA, GEMMA3_27B_LAYERS = 6, 10000.0, 62
 
 
 def open_gguf(path: str):
@@ -42,23 +47,42 @@ def config_from_gguf(reader, source: str) -> ModelConfig:
     head_dim = field(reader, f"{arch}.attention.key_length") or hidden // heads
     names = {t.name for t in reader.tensors}
     eos = field(reader, "tokenizer.ggml.eos_token_id")
+    layers = field(reader, f"{arch}.block_count")
+    gemma = family == "gemma3"
+    scaling = field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise EagleError(f"{source}: rope scaling {scaling!r} is not supported (eagle-jax reads linear scaling from GGUF files)")
+    rope = RopeConfig(theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)))
+    if scaling == "linear":
+        rope = RopeConfig(theta=rope.theta, rope_type="linear", factor=float(field(reader, f"{arch}.rope.scaling.factor", 1.0)))
+    window = field(reader, f"{arch}.attention.sliding_window")
+    family_fields = {}
+    if gemma:
+        family_fields = dict(
+            sliding_window=window, sliding_layers=tuple(i for i in range(layers) if (i + 1) % GEMMA3_GLOBAL_EVERY),
+            local_rope=RopeConfig(theta=GEMMA3_LOCAL_THETA), embed_scale=hidden**0.5, mlp_activation="gelu_tanh",
+            sandwich_norms=True, query_scale=(hidden / heads if layers == GEMMA3_27B_LAYERS else head_dim) ** -0.5,
+        )
+    elif window is not None:
+        family_fields = dict(sliding_window=window)
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=field(reader, f"{arch}.feed_forward_length"),
-        num_layers=field(reader, f"{arch}.block_count"),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=field(reader, f"{arch}.attention.head_count_kv", heads),
         head_dim=head_dim,
         family=family,
         rms_norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope=RopeConfig(theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0))),
+        rope=rope,
         tie_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         max_position=field(reader, f"{arch}.context_length", 8192),
         bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (eos,),
+        **family_fields,
     )
 
 
@@ -99,6 +123,7 @@ def load_gguf(path: str) -> tuple[ModelConfig, dict]:
         "attn_norm": "attn_norm", "mlp_norm": "ffn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
         "wo": "attn_output", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down",
         "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "q_norm": "attn_q_norm", "k_norm": "attn_k_norm",
+        "post_attn_norm": "post_attention_norm", "post_mlp_norm": "post_ffw_norm",
     }
     layers = []
     for i in range(cfg.num_layers):

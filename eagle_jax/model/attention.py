@@ -82,20 +82,22 @@ def mesh_impl(impl: str, kv_heads: int, shards: int, platform: str | None = None
                      "use --attention xla (or auto) or a model size that divides them")
 
 
-def attend(q, k_cache, v_cache, lengths, k_new, v_new, block_mask, *, impl: str = "auto") -> jax.Array:
-    """Attention of q (B, Tq, H, D) over cache keys below lengths (B,) and new keys under block_mask.
+def attend(q, k_cache, v_cache, lengths, k_new, v_new, block_mask, starts=None, *, scale: float | None = None,
+           impl: str = "auto") -> jax.Array:
+    """Attention of q (B, Tq, H, D) over cache keys from starts (B, Tq) (None: 0) below lengths (B,)
+    and new keys under block_mask, scores scaled by `scale` (None: D ** -0.5).
 
     Shapes as in `tree_attention_reference`. Returns (B, Tq, H, D).
     """
     shards = model_shards()
     impl = mesh_impl(impl, k_cache.shape[1], shards)
-    args = (q, k_cache, v_cache, lengths, k_new, v_new, block_mask)
+    args = (q, k_cache, v_cache, lengths, k_new, v_new, block_mask) + (() if starts is None else (starts,))
     if impl == "xla":
-        return tree_attention_reference(*args)
-    kernel = _kernel(impl)[0]
+        return tree_attention_reference(*args, scale=scale)
+    kernel = functools.partial(_kernel(impl)[0], scale=scale)
     if shards == 1:
         return kernel(*args)
     heads, cache, whole = PartitionSpec(None, None, MODEL_AXIS), PartitionSpec(None, MODEL_AXIS), PartitionSpec()
-    on_shards = jax.shard_map(kernel, in_specs=(heads, cache, cache, whole, heads, heads, whole), out_specs=heads,
-                              axis_names={MODEL_AXIS}, check_vma=False)
+    specs = (heads, cache, cache, whole, heads, heads, whole, whole)[: len(args)]
+    on_shards = jax.shard_map(kernel, in_specs=specs, out_specs=heads, axis_names={MODEL_AXIS}, check_vma=False)
     return on_shards(*args)

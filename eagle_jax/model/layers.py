@@ -1,4 +1,4 @@
-"""Building blocks shared by target models and draft heads: RMSNorm, RoPE, SwiGLU, attention."""
+"""Building blocks shared by target models and draft heads: RMSNorm, RoPE, gated MLPs, attention."""
 
 from __future__ import annotations
 
@@ -62,9 +62,12 @@ def dense(x: jax.Array, w: jax.Array | LaidOutWeight, out_dtype=None) -> jax.Arr
     return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=out_dtype)
 
 
-def swiglu(x: jax.Array, p: dict) -> jax.Array:
-    """SwiGLU MLP: down(silu(gate(x)) * up(x)). Weights are (out, in)."""
-    return dense(jax.nn.silu(dense(x, p["w_gate"])) * dense(x, p["w_up"]), p["w_down"])
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}  # config.MLP_ACTIVATIONS
+
+
+def gated_mlp(x: jax.Array, p: dict, activation: str = "silu") -> jax.Array:
+    """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with gelu_tanh. Weights are (out, in)."""
+    return dense(ACTIVATIONS[activation](dense(x, p["w_gate"])) * dense(x, p["w_up"]), p["w_down"])
 
 
 def self_attention(
@@ -75,6 +78,7 @@ def self_attention(
     v_cache: jax.Array,  # (B, KV, S, D)
     lengths: jax.Array,  # (B,)
     block_mask: jax.Array,  # (B, T, T_new) bool
+    starts: jax.Array | None = None,  # (B, T) first visible cache slot per query (sliding windows); None: 0
     *,
     num_heads: int,
     num_kv_heads: int,
@@ -83,12 +87,13 @@ def self_attention(
     eps: float,
     extra_kv: tuple[jax.Array, jax.Array] | None = None,
     attention: str = "auto",
+    scale: float | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """GQA self-attention over a cached prefix plus a new block.
 
     The new keys are this call's own T tokens, preceded by `extra_kv` (B, E, KV, D) when given
     (the draft's earlier tree levels); block_mask then covers (B, T, E + T). `attention` names the
-    implementation (`eagle_jax.model.attention.attend`).
+    implementation (`eagle_jax.model.attention.attend`); scale: of the scores (None: head_dim ** -0.5).
     Returns (out (B, T, d), k_new (B, T, KV, D), v_new (B, T, KV, D)) where k_new is post-RoPE.
     """
     b, t, _ = x.shape
@@ -109,5 +114,5 @@ def self_attention(
     if extra_kv is not None:
         k_block = jnp.concatenate([extra_kv[0], k], axis=1)
         v_block = jnp.concatenate([extra_kv[1], v], axis=1)
-    out = attend(q, k_cache, v_cache, lengths, k_block, v_block, block_mask, impl=attention)
+    out = attend(q, k_cache, v_cache, lengths, k_block, v_block, block_mask, starts, scale=scale, impl=attention)
     return dense(out.reshape(b, t, num_heads * head_dim), p["wo"]), k, v

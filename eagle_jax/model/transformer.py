@@ -4,11 +4,13 @@ params = {
   "embed": (V, d),
   "layers": [  # one dict per layer; matrices (out, in), as the checkpoints store them
      {"attn_norm": (d,), "wq": (H*Dh, d), "wk": (KV*Dh, d), "wv": (KV*Dh, d), "wo": (d, H*Dh),
-      ["bq", "bk", "bv"] (qwen2), ["q_norm", "k_norm"]: (Dh,) (qwen3),
+      ["bq", "bk", "bv"] (qwen2), ["q_norm", "k_norm"]: (Dh,) (qwen3, gemma3),
+      ["post_attn_norm", "post_mlp_norm"]: (d,) (gemma3),
       "mlp_norm": (d,), "w_gate": (F, d), "w_up": (F, d), "w_down": (d, F)}, ...],
   "final_norm": (d,),
   ["lm_head": (V, d)]  # absent when embeddings are tied
 }
+A norm weight is the scale itself: Gemma's checkpoints store scale - 1, and loading adds the 1.
 
 Two forms of the layers, the same model:
   * unrolled (above): separate arrays walked by a Python loop. On XLA:CPU a scan's per-layer slice
@@ -32,7 +34,7 @@ from eagle_jax.model.attention import cache_slots
 from eagle_jax.model.config import LAYER_FORMS, ModelConfig, on_accelerator
 from eagle_jax.errors import EagleError
 from eagle_jax.model.kv_cache import KVCache
-from eagle_jax.model.layers import dense, rms_norm, rope_inverse_frequencies, self_attention, swiglu
+from eagle_jax.model.layers import dense, gated_mlp, rms_norm, rope_inverse_frequencies, self_attention
 
 
 class ForwardOutput(NamedTuple):
@@ -72,24 +74,39 @@ def unstack_layers(params: dict) -> dict:
 
 def make_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, stacked: bool = False) -> KVCache:
     """An empty cache of max_len usable slots per row (allocated as `cache_slots` says); stacked
-    for params in the stacked form (`is_stacked`)."""
-    if cfg.sliding_window is not None and max_len > cfg.sliding_window:
-        raise EagleError(
-            f"cache of {max_len} tokens exceeds the model's sliding window of {cfg.sliding_window}; "
-            "sliding-window attention is not supported, use a cache no longer than the window"
-        )
+    for params in the stacked form (`is_stacked`). Sliding layers keep every slot too: their window
+    is a mask over cache slots, which hold positions (slot s is the token at position s)."""
     return KVCache.zeros(cfg.num_layers, batch, cache_slots(max_len, cfg.attention), cfg.num_kv_heads, cfg.head_dim, dtype, stacked)
 
 
-def decoder_layer(cfg: ModelConfig, p: dict, x, positions, k_cache, v_cache, lengths, block_mask, inv_freq):
-    """Pre-norm Llama decoder layer. Returns (x, k_new, v_new)."""
+ALL_POSITIONS = 2**30  # the window of a layer that attends to everything (scanned layers mix both)
+
+
+def windowed(block_mask: jax.Array, positions: jax.Array, window) -> tuple[jax.Array, jax.Array]:
+    """The block mask (B, T, T) and cache starts (B, T) of a sliding layer: query position p sees
+    positions above p - window (a Python int, or a traced one inside a scan)."""
+    distance = positions[:, :, None] - positions[:, None, :]
+    return block_mask & (distance < window), jnp.maximum(positions - window + 1, 0)
+
+
+def decoder_layer(cfg: ModelConfig, p: dict, x, positions, k_cache, v_cache, lengths, block_mask, inv_freq, window=None):
+    """Pre-norm decoder layer (with Gemma's norms of the attention and MLP outputs where the layer
+    has them); window: of a sliding layer, None for full attention. Returns (x, k_new, v_new)."""
+    starts = None
+    if window is not None:
+        block_mask, starts = windowed(block_mask, positions, window)
     a, k, v = self_attention(
-        rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), p, positions, k_cache, v_cache, lengths, block_mask,
+        rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), p, positions, k_cache, v_cache, lengths, block_mask, starts,
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        inv_freq=inv_freq, eps=cfg.rms_norm_eps, attention=cfg.attention,
+        inv_freq=inv_freq, eps=cfg.rms_norm_eps, attention=cfg.attention, scale=cfg.query_scale,
     )
+    if "post_attn_norm" in p:
+        a = rms_norm(a, p["post_attn_norm"], cfg.rms_norm_eps)
     x = x + a
-    return x + swiglu(rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), p), k, v
+    m = gated_mlp(rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), p, cfg.mlp_activation)
+    if "post_mlp_norm" in p:
+        m = rms_norm(m, p["post_mlp_norm"], cfg.rms_norm_eps)
+    return x + m, k, v
 
 
 def forward(
@@ -118,11 +135,14 @@ def forward(
     if cache.stacked != stacked:
         raise EagleError(f"a {'stacked' if cache.stacked else 'per-layer'} KV cache for params whose layers are "
                          f"{'stacked' if stacked else 'per-layer'}; make the cache with make_cache(..., stacked=is_stacked(params))")
-    inv_freq = rope_inverse_frequencies(cfg.rope, cfg.head_dim)
     x = params["embed"][tokens]
+    if cfg.embed_scale != 1.0:
+        x = x * jnp.asarray(cfg.embed_scale, dtype)
+    ropes = [cfg.layer_rope(i) for i in range(cfg.num_layers)]
+    windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
 
-    def layer(x, p, k_cache, v_cache):
-        return decoder_layer(cfg, p, x, positions, k_cache, v_cache, cache.lengths, block_mask, inv_freq)
+    def layer(x, p, k_cache, v_cache, inv_freq, window):
+        return decoder_layer(cfg, p, x, positions, k_cache, v_cache, cache.lengths, block_mask, inv_freq, window)
 
     if stacked:
         # Each captured layer's input goes to its slot of a buffer, every other layer's to a spare last one.
@@ -130,21 +150,27 @@ def forward(
         slots = np.full((cfg.num_layers,), len(unique), np.int32)
         slots[unique] = np.arange(len(unique))
 
+        # Per-layer rope frequencies and windows are scanned over where the layers differ in them.
+        inv_freqs = jnp.stack([rope_inverse_frequencies(r, cfg.head_dim) for r in ropes])
+        slides = any(w is not None for w in windows)
+        layer_windows = jnp.asarray([ALL_POSITIONS if w is None else w for w in windows], jnp.int32)
+
         def step(carry, xs):
             x, buffer = carry
-            slot, p, k_cache, v_cache = xs
+            slot, p, k_cache, v_cache, inv_freq, window = xs
             buffer = jax.lax.dynamic_update_index_in_dim(buffer, x, slot, 0)
-            x, k, v = layer(x, p, k_cache, v_cache)
+            x, k, v = layer(x, p, k_cache, v_cache, inv_freq, window if slides else None)
             return (x, buffer), (k, v)
 
         buffer = jnp.zeros((len(unique) + 1, b, t, cfg.hidden_size), dtype)
-        (x, buffer), (k_new, v_new) = jax.lax.scan(step, (x, buffer), (jnp.asarray(slots), params["layers"], cache.k, cache.v))
+        xs = (jnp.asarray(slots), params["layers"], cache.k, cache.v, inv_freqs, layer_windows)
+        (x, buffer), (k_new, v_new) = jax.lax.scan(step, (x, buffer), xs)
         captured = buffer[np.asarray([unique.index(i) for i in capture], np.int32)]
     else:
         inputs, k_new, v_new = [], [], []
         for i, p in enumerate(params["layers"]):
             inputs.append(x)
-            x, k, v = layer(x, p, cache.k[i], cache.v[i])
+            x, k, v = layer(x, p, cache.k[i], cache.v[i], rope_inverse_frequencies(ropes[i], cfg.head_dim), windows[i])
             k_new.append(k)
             v_new.append(v)
         captured = jnp.stack([inputs[i] for i in capture]) if capture else jnp.zeros((0, b, t, cfg.hidden_size), dtype)
