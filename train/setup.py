@@ -44,6 +44,7 @@ class TrainConfig:
     model: str
     data: str
     out: str
+    chat_template: str | None = None  # a Jinja file replacing (or giving) the tokenizer's template
     head: str = "eagle3"
     ttt_steps: int = 7  # EAGLE-3 unrolled steps (the reference's `length`); eagle1: 1
     fc_norm: bool = False
@@ -192,7 +193,8 @@ def prepare_data(cfg: TrainConfig, target: TargetModel) -> tuple[data_lib.Tokeni
     if cfg.resume and os.path.exists(train_path) and os.path.exists(dev_path):
         return data_lib.TokenizedSet.load(train_path), data_lib.TokenizedSet.load(dev_path)
     if target.tokenizer is None or not target.tokenizer.chat_template:
-        raise EagleError(f"{target.source}: the model has no tokenizer chat template to render conversations with")
+        raise EagleError(f"{target.source}: the model has no chat template to render conversations with (a base model): "
+                         "pass one with --chat-template FILE (data/templates/gemma.jinja for Gemma)")
     conversations, stats = data_lib.load_conversations(cfg.data, cfg.num_conversations)
     if cfg.regenerate:
         conversations = regenerate_conversations(

@@ -213,7 +213,8 @@ def train(cfg: TrainConfig, eval_hooks: Sequence[EvalHook] = ()) -> int:
     mesh_lib.check_batch_size(mesh, cfg.batch_size)
     compute_dtype = jnp.dtype(cfg.dtype)
     # unrolled: fsdp splits each layer's weights along their own largest axis
-    target = load_target(cfg.model, dtype=compute_dtype, shardings=lambda _, params: fsdp_shardings(mesh, params), layers="unrolled")
+    target = load_target(cfg.model, dtype=compute_dtype, shardings=lambda _, params: fsdp_shardings(mesh, params), layers="unrolled",
+                         chat_template=cfg.chat_template)
     dcfg, initial, initial_d2t = load_initial_head(cfg, target) if cfg.init_head else (draft_config(cfg, target), None, None)
     check_shard_size(dcfg, cfg.max_shard_bytes)
     os.makedirs(cfg.out, exist_ok=True)

@@ -99,13 +99,16 @@ def builtin_model_path(name: str) -> str:
 
 
 def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = True, shardings=None,
-                layers: str = "auto") -> TargetModel:
+                layers: str = "auto", chat_template: str | None = None) -> TargetModel:
     """Load config, params (in `dtype`: "auto" is bfloat16 on GPU/TPU and float32 on CPU, see
     `eagle_jax.dtypes`; or "float32", "bfloat16", a jnp dtype) and tokenizer of a target model.
 
     layers: the form of the layers (`transformer.layer_form`: "auto" is scan on GPU/TPU, unrolled on
     CPU); scanned layers are loaded straight into their stacked arrays, so that decoding in the form
     they were loaded in (the Engine's default) holds them once.
+
+    chat_template: a Jinja file that replaces the tokenizer's chat template, or gives a model
+    without one (a base model) one to render conversations with (data/templates/gemma.jinja).
 
     shardings: None puts the params on the default device; else a function (cfg, params of
     HostTensors) -> a pytree of jax shardings, and each device receives only its slice of every
@@ -120,6 +123,7 @@ def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = 
     from eagle_jax.loading.tokenizer import tokenizer_from_directory, tokenizer_from_gguf
 
     form = layer_form(layers)
+    template = None if chat_template is None else read_chat_template(chat_template)
     path = resolve_model_path(name)
     if os.path.isdir(path):
         cfg, sources = load_hf_directory(path)
@@ -137,10 +141,28 @@ def load_target(name: str = DEFAULT_MODEL, dtype="auto", with_tokenizer: bool = 
         else:
             cfg, sources, tokenizer = converted
     check_tokenizer(tokenizer, cfg, path)
+    if template is not None and tokenizer is not None:
+        tokenizer.chat_template = template
     if form == "scan":
         sources = stack_sources(sources)
     params = materialize(sources, run_dtype(dtype), None if shardings is None else shardings(cfg, sources))
     return TargetModel(cfg, params, tokenizer if with_tokenizer else None, path)
+
+
+def read_chat_template(path: str) -> str:
+    """The text of a Jinja chat template file; EagleError when it is missing or does not parse."""
+    import jinja2
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise EagleError(f"cannot read the chat template {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise EagleError(f"the chat template {path} is not valid Jinja: {e.message} (line {e.lineno})") from None
+    return text
 
 
 def check_tokenizer(tokenizer, cfg: ModelConfig, source: str) -> None:
