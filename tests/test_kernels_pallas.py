@@ -31,7 +31,7 @@ from jaxlib.mlir.passmanager import PassManager
 from jaxlib.mosaic.python import tpu as tpu_dialect
 from jaxlib.triton import dialect as triton_dialect
 
-from eagle_jax.kernels_pallas import tree_attention_gpu, tree_attention_reference, tree_attention_tpu
+from eagle_jax.kernels_pallas import tree_attention_gpu, tree_attention_mosaic_gpu, tree_attention_reference, tree_attention_tpu
 from eagle_jax.errors import EagleError
 from eagle_jax.model import attention
 
@@ -113,9 +113,11 @@ CASES = {
     "empty_cache": Case(1, 6, 6, 4, 2, 64, 0, (0,), "causal", F32),
     "no_new_keys": Case(2, 3, 0, 4, 2, 64, 40, (40, 7), "random", F32),
 }
-# Small blocks so that the small cases still cross several prefix, query and new-key blocks.
-SMALL_BLOCKS = {"block_q": 16, "block_k": 32, "block_new": 32}
-KERNELS = {"gpu": tree_attention_gpu, "tpu": tree_attention_tpu}
+KERNELS = {"gpu": tree_attention_gpu, "tpu": tree_attention_tpu, "mosaic_gpu": tree_attention_mosaic_gpu}
+# Small blocks so that the small cases still cross several prefix, query and new-key blocks (the
+# Mosaic GPU kernel's smallest, 64, are its defaults).
+SMALL = {"block_q": 16, "block_k": 32, "block_new": 32}
+SMALL_BLOCKS = {"gpu": SMALL, "tpu": SMALL, "mosaic_gpu": {}}
 
 
 def assert_matches_reference(case: Case, out: jax.Array, args: tuple[jax.Array, ...]) -> None:
@@ -164,7 +166,7 @@ def test_reference_matches_the_contract_written_out(name: str) -> None:
 def test_interpret_matches_reference(backend: str, name: str) -> None:
     case = CASES[name]
     args = make_inputs(case)
-    out = KERNELS[backend](*args, interpret=True, **SMALL_BLOCKS)
+    out = KERNELS[backend](*args, interpret=True, **SMALL_BLOCKS[backend])
     assert_matches_reference(case, out, args)
 
 
@@ -180,7 +182,7 @@ def test_interpret_default_blocks_many_new_keys(backend: str) -> None:
 def test_query_that_sees_nothing_is_zero(backend: str) -> None:
     case = CASES["padded_nodes"]
     args = make_inputs(case)
-    out = KERNELS[backend](*args, interpret=True, **SMALL_BLOCKS)
+    out = KERNELS[backend](*args, interpret=True, **SMALL_BLOCKS[backend])
     padded = case.queries // 3
     assert case.lengths[0] == 0 and not np.asarray(args[-1])[0, -padded:].any()
     np.testing.assert_array_equal(np.asarray(out[0, -padded:]), 0.0)
@@ -212,7 +214,7 @@ def test_window_starts_hide_the_cache_before_them(backend: str | None, name: str
     if backend is None:
         out = tree_attention_reference(*args, starts)
     else:
-        out = KERNELS[backend](*args, starts, interpret=True, **SMALL_BLOCKS)
+        out = KERNELS[backend](*args, starts, interpret=True, **SMALL_BLOCKS[backend])
     np.testing.assert_allclose(np.asarray(out, np.float64), expected, atol=tol, rtol=tol)
     assert np.abs(expected - naive_attention(*args)).max() > 10 * tol
 
@@ -221,8 +223,8 @@ def test_custom_scale() -> None:
     case = CASES["verify_gqa4_empty_and_full_prefix"]
     args = make_inputs(case, seed=2)
     expected = tree_attention_reference(*args, scale=0.3)
-    for kernel in KERNELS.values():
-        out = kernel(*args, scale=0.3, interpret=True, **SMALL_BLOCKS)
+    for backend, kernel in KERNELS.items():
+        out = kernel(*args, scale=0.3, interpret=True, **SMALL_BLOCKS[backend])
         np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -360,6 +362,22 @@ def test_gpu_kernel_lowers_for_cuda(name: str) -> None:
         assert_cache_not_padded(lower_gpu_kernel(GPU_LOWERING[name]), GPU_LOWERING[name])
 
 
+def lower_mosaic_gpu_kernel(case: Case) -> jax.stages.Lowered:
+    """The Mosaic GPU kernel lowered for an abstract H200: Pallas to the Mosaic GPU dialect, its
+    layout inference and verifier run here; the passes to PTX run in the CUDA plugin at compile
+    time, which needs a GPU (docs/device.md)."""
+    with jax.sharding.use_abstract_mesh(abstract_mesh("NVIDIA H200", "cuda")):
+        return tree_attention_mosaic_gpu.trace(*abstract_shapes(case)).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("name", GPU_LOWERING)
+def test_mosaic_gpu_kernel_lowers_for_cuda(name: str) -> None:
+    lowered = lower_mosaic_gpu_kernel(GPU_LOWERING[name])
+    assert "mosaic_gpu_v2" in lowered.as_text()
+    if name.startswith("shard_"):
+        assert_cache_not_padded(lowered, GPU_LOWERING[name])
+
+
 COMPILE_TTIR = """
 import sys, triton
 from triton.backends.compiler import GPUTarget
@@ -421,3 +439,14 @@ def test_caches_are_allocated_in_whole_kernel_blocks(impl: str, block: int) -> N
     for slots in (1, 63, 64, 100, 1031):
         allocated = attention.cache_slots(slots, impl)
         assert allocated % block == 0 and slots <= allocated < slots + block
+
+
+def test_each_gpu_kernel_has_a_name_and_the_mosaic_one_refuses_heads_it_cannot_take() -> None:
+    assert [attention.kernel_backend(name) for name in ("pallas_mosaic_gpu", "pallas_triton", "pallas_mosaic_gpu_interpret",
+                                                       "pallas_gpu_interpret", "pallas_tpu_interpret")] == [
+        "mosaic_gpu", "triton", "mosaic_gpu", "triton", "tpu"]
+    assert attention.cache_slots(65, "pallas_mosaic_gpu_interpret") == 128 == attention.cache_slots(65, "pallas_gpu_interpret")
+    args = make_inputs(Case(1, 2, 2, 2, 1, 32, 8, (3,), "causal", F32))
+    with pytest.raises(EagleError, match=r"^attention 'pallas_mosaic_gpu_interpret' needs a head size that is a multiple of 64 "
+                                         r"\(at most 128 in float32\), the model's is 32 in float32"):
+        attention.attend(*args, impl="pallas_mosaic_gpu_interpret")

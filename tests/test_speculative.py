@@ -457,3 +457,21 @@ def test_the_window_hides_what_lies_before_it():
     full = lm_head(params, forward(params, dataclasses.replace(GEMMA_LIKE, sliding_window=1000), tokens, *args).hidden)
     np.testing.assert_allclose(windowed[:, :6], full[:, :6], atol=1e-5)
     assert np.abs(np.asarray(windowed[:, 6:] - full[:, 6:])).min(-1).max() > 1e-3
+
+
+def test_greedy_equality_with_the_mosaic_gpu_kernel_in_interpret_mode():
+    """The Hopper kernel (heads of 64, its smallest) for target and head: speculative equals plain,
+    and both equal XLA attention's tokens."""
+    cfg = tiny_config(vocab_size=8, head_dim=64)
+    params = init_params(jax.random.key(0), cfg, scale=0.3)
+    dcfg = DraftConfig.for_target(cfg, kind="eagle3")
+    dparams = init_draft_params(jax.random.key(1), dcfg, scale=0.3)
+    prompts = pad_prompts([[1, 2, 3, 4, 5], [3, 6]], multiple=8)
+    runs = {}
+    for attention in ("pallas_mosaic_gpu_interpret", "xla"):
+        runs[attention] = run_both(dataclasses.replace(dcfg, attention=attention), dparams, TreeConfig(3, 2, 8), prompts, params,
+                                   dataclasses.replace(cfg, attention=attention), max_new_tokens=8, cache_len=24)
+    (ar, spec), (ar_xla, _) = runs["pallas_mosaic_gpu_interpret"], runs["xla"]
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    np.testing.assert_array_equal(ar.tokens, ar_xla.tokens)
+    assert spec.accept_histogram[:, 1:].sum() > 0

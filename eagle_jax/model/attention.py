@@ -3,10 +3,15 @@
 Every attention call of target and draft goes through `attend`, which runs the implementation
 that the model's config names (`ModelConfig.attention`, `DraftConfig.attention`):
   * "xla": the jnp reference (kernels_pallas/reference.py), the oracle and the CPU path;
-  * "pallas": the Pallas tree-attention kernel for the current backend (GPU or TPU);
-  * "pallas_gpu_interpret", "pallas_tpu_interpret": the GPU or the TPU kernel in interpret mode
-    (CPU testing);
+  * "pallas": the Pallas tree-attention kernel for the current backend: on TPU the Mosaic TPU one;
+    on a GPU the Mosaic GPU one on Hopper and newer (for head sizes that are multiples of 64),
+    else the Triton one;
+  * "pallas_mosaic_gpu", "pallas_triton": one GPU kernel by name (to compare them);
+  * "pallas_mosaic_gpu_interpret", "pallas_gpu_interpret" (Triton), "pallas_tpu_interpret": a
+    kernel in interpret mode (CPU testing);
   * "auto": Pallas on GPU/TPU, XLA elsewhere.
+Pallas's Triton backend is deprecated since JAX 0.11; its kernel stays the fallback for GPUs before
+Hopper for as long as JAX ships the backend.
 
 On a mesh with a "model" axis (decoding traced under the mesh, `eagle_jax.model.sharding`), a
 Pallas kernel runs under shard_map: each device attends with its own query heads over its own KV
@@ -30,7 +35,11 @@ from eagle_jax.kernels_pallas.reference import tree_attention_reference
 from eagle_jax.model.config import check_attention, on_accelerator
 
 MODEL_AXIS = "model"  # the inference mesh's tensor-parallel axis (`eagle_jax.mesh.INFERENCE_AXES`)
-INTERPRETED = {"pallas_gpu_interpret": "gpu", "pallas_tpu_interpret": "tpu"}
+# implementation name -> (kernel, interpreted); "pallas" is resolved by `kernel_backend`
+KERNELS = {"pallas_mosaic_gpu": ("mosaic_gpu", False), "pallas_triton": ("triton", False),
+           "pallas_mosaic_gpu_interpret": ("mosaic_gpu", True), "pallas_gpu_interpret": ("triton", True),
+           "pallas_tpu_interpret": ("tpu", True)}
+HOPPER = 9.0  # the first compute capability with wgmma and TMA
 
 
 def resolve_impl(impl: str, platform: str | None = None) -> str:
@@ -41,18 +50,30 @@ def resolve_impl(impl: str, platform: str | None = None) -> str:
     return "pallas" if on_accelerator(platform) else "xla"
 
 
-def kernel_backend(impl: str) -> str:
-    """Which kernel ("gpu" or "tpu") a resolved Pallas implementation runs."""
-    return INTERPRETED.get(impl) or ("tpu" if jax.default_backend() == "tpu" else "gpu")
+def kernel_backend(impl: str, head_dim: int | None = None, dtype=None) -> str:
+    """Which kernel ("mosaic_gpu", "triton" or "tpu") a resolved Pallas implementation runs for
+    heads of `head_dim` in `dtype` (None: the GPU kernel the device would take for some heads)."""
+    if impl in KERNELS:
+        return KERNELS[impl][0]
+    device = jax.devices()[0]
+    if device.platform == "tpu":
+        return "tpu"
+    from eagle_jax.kernels_pallas.tree_attention_mosaic_gpu import supports
+
+    hopper = float(getattr(device, "compute_capability", 0) or 0) >= HOPPER
+    return "mosaic_gpu" if hopper and (head_dim is None or supports(head_dim, dtype or "bfloat16")) else "triton"
 
 
-def _kernel(impl: str):
+def _kernel(impl: str, head_dim: int | None = None, dtype=None):
     """(kernel function, cache block) of a resolved Pallas implementation; the kernels load lazily."""
-    if kernel_backend(impl) == "tpu":
+    backend, interpret = kernel_backend(impl, head_dim, dtype), KERNELS.get(impl, (None, False))[1]
+    if backend == "tpu":
         from eagle_jax.kernels_pallas.tree_attention_tpu import CACHE_BLOCK, tree_attention_tpu as kernel
+    elif backend == "mosaic_gpu":
+        from eagle_jax.kernels_pallas.tree_attention_mosaic_gpu import CACHE_BLOCK, tree_attention_mosaic_gpu as kernel
     else:
         from eagle_jax.kernels_pallas.tree_attention_gpu import CACHE_BLOCK, tree_attention_gpu as kernel
-    return functools.partial(kernel, interpret=impl in INTERPRETED), CACHE_BLOCK
+    return functools.partial(kernel, interpret=interpret), CACHE_BLOCK
 
 
 def cache_slots(slots: int, impl: str) -> int:
@@ -94,7 +115,13 @@ def attend(q, k_cache, v_cache, lengths, k_new, v_new, block_mask, starts=None, 
     args = (q, k_cache, v_cache, lengths, k_new, v_new, block_mask) + (() if starts is None else (starts,))
     if impl == "xla":
         return tree_attention_reference(*args, scale=scale)
-    kernel = functools.partial(_kernel(impl)[0], scale=scale)
+    if kernel_backend(impl, q.shape[-1], q.dtype) == "mosaic_gpu":
+        from eagle_jax.kernels_pallas.tree_attention_mosaic_gpu import MAX_FLOAT32_HEAD, WGMMA_TILE, supports
+
+        if not supports(q.shape[-1], q.dtype):
+            raise EagleError(f"attention {impl!r} needs a head size that is a multiple of {WGMMA_TILE} (at most {MAX_FLOAT32_HEAD} "
+                             f"in float32), the model's is {q.shape[-1]} in {q.dtype}; use --attention pallas_triton, xla or auto")
+    kernel = functools.partial(_kernel(impl, q.shape[-1], q.dtype)[0], scale=scale)
     if shards == 1:
         return kernel(*args)
     heads, cache, whole = PartitionSpec(None, None, MODEL_AXIS), PartitionSpec(None, MODEL_AXIS), PartitionSpec()

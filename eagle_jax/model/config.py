@@ -9,7 +9,8 @@ from eagle_jax.errors import EagleError
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # of the gated MLP (`layers.gated_mlp`)
 ROPE_TYPES = ("default", "linear", "llama3")
-ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_gpu_interpret", "pallas_tpu_interpret")  # see eagle_jax.model.attention
+ATTENTION_IMPLS = ("auto", "xla", "pallas", "pallas_mosaic_gpu", "pallas_triton",  # see eagle_jax.model.attention
+                   "pallas_mosaic_gpu_interpret", "pallas_gpu_interpret", "pallas_tpu_interpret")
 LAYER_FORMS = ("auto", "unrolled", "scan")  # how decoding runs the target's layers (`transformer.layer_form`)
 
 

@@ -1,4 +1,5 @@
-"""Device check of the Pallas GPU tree-attention kernel: correctness and speed against XLA.
+"""Device check of the Pallas GPU tree-attention kernels (Mosaic GPU and Triton): correctness and
+speed against XLA.
 
 On a GPU machine (about 5 minutes on one H200):
     python scripts/tools/device_check_kernels.py            # writes results/kernels_gpu.json
@@ -7,8 +8,9 @@ On CPU, tiny shapes in interpret mode (what CI runs, to keep the script working)
 
 Each row is one verify step: batch rows with different prefix lengths (the cache holds `prefix`
 slots, rows see between 3/4 of them and all), a random draft tree of T nodes, 32 query and 8 kv
-heads of 128, bfloat16. The kernel is timed against the jitted jnp reference (plain XLA), both
-after a warm-up, as the median of several runs. A time budget stops starting new rows, so one run
+heads of 128, bfloat16. Each kernel (the Mosaic GPU one on Hopper and newer, the Triton one) is
+timed against the jitted jnp reference (plain XLA), all after a warm-up, as the median of several
+runs, the two kernels interleaved shape by shape. A time budget stops starting new rows, so one run
 fits its device slot even if compiles are slow; rows not reached are listed as skipped.
 """
 
@@ -28,9 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.files import write_text_atomic
-from eagle_jax.kernels_pallas import tree_attention_gpu, tree_attention_reference
+from eagle_jax.kernels_pallas import tree_attention_gpu, tree_attention_mosaic_gpu, tree_attention_reference
 
 TOLERANCE = 2e-2  # atol and rtol for bfloat16 inputs
+KERNELS = {"mosaic_gpu": tree_attention_mosaic_gpu, "triton": tree_attention_gpu}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +84,9 @@ def median_ms(fn, args: tuple[jax.Array, ...], repeats: int) -> float:
     return statistics.median(times)
 
 
-def check_row(shape: Shape, blocks: dict[str, int], interpret: bool, repeats: int) -> dict:
+def check_row(shape: Shape, name: str, blocks: dict[str, int], interpret: bool, repeats: int) -> dict:
     args = make_inputs(shape, seed=shape.batch * 1000 + shape.nodes + shape.prefix)
-    kernel = jax.jit(lambda *a: tree_attention_gpu(*a, interpret=interpret, **blocks))
+    kernel = jax.jit(lambda *a: KERNELS[name](*a, interpret=interpret, **blocks))
     reference = jax.jit(tree_attention_reference)
     out = np.asarray(kernel(*args), np.float32)
     expected = np.asarray(reference(*args), np.float32)
@@ -92,6 +95,7 @@ def check_row(shape: Shape, blocks: dict[str, int], interpret: bool, repeats: in
     reference_ms = median_ms(reference, args, repeats)
     return {
         **dataclasses.asdict(shape),
+        "kernel": name,
         **blocks,
         "max_abs_err": float(np.max(np.abs(out - expected))),
         "tolerance": TOLERANCE,
@@ -102,22 +106,25 @@ def check_row(shape: Shape, blocks: dict[str, int], interpret: bool, repeats: in
     }
 
 
-def plan(smoke: bool) -> list[tuple[Shape, dict[str, int]]]:
-    """(shape, block sizes) rows in run order: the main grid first, then a block-size sweep."""
+def plan(smoke: bool) -> list[tuple[Shape, str, dict[str, int]]]:
+    """(shape, kernel, block sizes) rows in run order: the main grid for both kernels, then a
+    block-size sweep of each."""
     if smoke:
         return [
-            (Shape(1, 5, 32, heads=4, kv_heads=1, head_dim=64), {}),
-            (Shape(2, 16, 64, heads=8, kv_heads=2, head_dim=64), {"block_k": 32}),
+            (Shape(1, 5, 32, heads=4, kv_heads=1, head_dim=64), "triton", {}),
+            (Shape(2, 16, 64, heads=8, kv_heads=2, head_dim=64), "triton", {"block_k": 32}),
+            (Shape(1, 5, 96, heads=4, kv_heads=1, head_dim=64), "mosaic_gpu", {}),
         ]
     grid = [
-        (Shape(b, t, s), {})
+        (Shape(b, t, s), name, {})
         for b, t, s in itertools.product((1, 4, 8), (16, 64), (512, 2048, 8192))
+        for name in KERNELS
     ]
     sweep = [
-        (Shape(b, 64, 8192), {"block_q": bq, "block_k": bk})
+        (Shape(b, 64, 8192), "triton", {"block_q": bq, "block_k": bk})
         for b in (1, 8)
         for bq, bk in ((32, 64), (64, 128), (128, 64), (32, 128))
-    ]
+    ] + [(Shape(b, 64, 8192), "mosaic_gpu", {"block_k": bk}) for b in (1, 8) for bk in (128, 256)]
     return grid + sweep
 
 
@@ -136,22 +143,22 @@ def main() -> int:
     repeats = 1 if args.smoke else args.repeats
     start = time.perf_counter()
     rows, failures, skipped = [], [], []
-    header = f"{'B':>2} {'T':>3} {'S':>5} {'blocks':<18} {'err':>8} {'kernel ms':>9} {'xla ms':>8} {'x':>5}"
+    header = f"{'B':>2} {'T':>3} {'S':>5} {'kernel':<10} {'blocks':<18} {'err':>8} {'kernel ms':>9} {'xla ms':>8} {'x':>5}"
     print(f"jax {jax.__version__} on {device.device_kind}\n{header}")
-    for shape, blocks in plan(args.smoke):
-        label = {**dataclasses.asdict(shape), **blocks}
+    for shape, name, blocks in plan(args.smoke):
+        label = {**dataclasses.asdict(shape), "kernel": name, **blocks}
         if time.perf_counter() - start > args.budget_s:
             skipped.append(label)
             continue
         try:
-            row = check_row(shape, blocks, interpret=args.smoke, repeats=repeats)
+            row = check_row(shape, name, blocks, interpret=args.smoke, repeats=repeats)
         except Exception as error:  # a row that fails to compile must not cost the other rows
             failures.append({**label, "error": f"{type(error).__name__}: {error}"[:2000]})
-            print(f"{shape.batch:>2} {shape.nodes:>3} {shape.prefix:>5} {blocks!s:<18} FAILED {error!r:.200}")
+            print(f"{shape.batch:>2} {shape.nodes:>3} {shape.prefix:>5} {name:<10} {blocks!s:<18} FAILED {error!r:.200}")
             continue
         rows.append(row)
         print(
-            f"{shape.batch:>2} {shape.nodes:>3} {shape.prefix:>5} {blocks!s:<18} {row['max_abs_err']:>8.1e}"
+            f"{shape.batch:>2} {shape.nodes:>3} {shape.prefix:>5} {name:<10} {blocks!s:<18} {row['max_abs_err']:>8.1e}"
             f" {row['kernel_ms']:>9.3f} {row['reference_ms']:>8.3f} {row['speedup']:>5.2f}"
             + ("" if row["ok"] else "  MISMATCH")
         )

@@ -500,6 +500,17 @@ def gguf_dir() -> str:
     return d
 
 
+def greedy_continuation(model, inp: torch.Tensor, new_tokens: int, pad_id: int, eos_id: int | None = None):
+    """transformers' greedy generate after one prompt (1, T): (new ids, top-1 minus top-2 logit at
+    each step, to spot near-ties)."""
+    kwargs = {} if eos_id is None else {"eos_token_id": eos_id}
+    with torch.no_grad():
+        g = model.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=new_tokens, do_sample=False,
+                           return_dict_in_generate=True, output_logits=True, pad_token_id=pad_id, **kwargs)
+    margins = [float(top2[0] - top2[1]) for top2 in (torch.topk(step[0].float(), 2).values for step in g.logits)]
+    return g.sequences[0, inp.shape[1]:].numpy(), np.asarray(margins, np.float32)
+
+
 def top_of_logits(last_logits: np.ndarray, k: int = GEMMA3_GGUF_TOPK) -> dict:
     """What the GGUF references keep of (P, 3, V) logits: the top-k ids and logits (largest first),
     the max and the logsumexp over the whole vocabulary (a full row is too large to commit)."""
@@ -543,21 +554,10 @@ def make_gguf_reference() -> None:
         with torch.no_grad():
             logits = model(input_ids=inp, use_cache=False).logits[0]
             last_logits[i] = logits[-GGUF_LAST_K:].float().numpy()
-            g = model.generate(
-                inp,
-                attention_mask=torch.ones_like(inp),
-                max_new_tokens=GGUF_NEW_TOKENS,
-                do_sample=False,
-                return_dict_in_generate=True,
-                output_logits=True,
-                pad_token_id=pad_id,
-            )
-        new = g.sequences[0, len(x) :].numpy()
+        new, margins = greedy_continuation(model, inp, GGUF_NEW_TOKENS, pad_id)
         gen[i, : len(new)] = new
         gen_len[i] = len(new)
-        for s, lg in enumerate(g.logits):
-            top2 = torch.topk(lg[0].float(), 2).values
-            margin[i, s] = float(top2[0] - top2[1])
+        margin[i, : len(margins)] = margins
         # generate's first token must be the argmax of the plain forward.
         assert int(new[0]) == int(last_logits[i, -1].argmax())
         print(f"  prompt {i}: {len(x)} tokens -> {tok.decode(new)!r} (min margin {np.nanmin(margin[i]):.3f})")
@@ -686,23 +686,10 @@ def make_gemma3_gguf_reference(base_dir: str | None) -> None:
             dw = float((wide - lg[-1]).abs().max())
             assert dw > 1e-3, f"window {window} barely changes the last logits ({dw})"
             print(f"  prompt {i}: {len(x)} tokens > window {window}: last logits change by {dw:.3f} without it")
-        with torch.no_grad():
-            g = model.generate(
-                inp,
-                attention_mask=torch.ones_like(inp),
-                max_new_tokens=GEMMA3_GGUF_NEW_TOKENS,
-                do_sample=False,
-                return_dict_in_generate=True,
-                output_logits=True,
-                pad_token_id=pad_id,
-                eos_token_id=eos_id,
-            )
-        new = g.sequences[0, len(x) :].numpy()
+        new, margins = greedy_continuation(model, inp, GEMMA3_GGUF_NEW_TOKENS, pad_id, eos_id)
         gen[i, : len(new)] = new
         gen_len[i] = len(new)
-        for s, step in enumerate(g.logits):
-            top2 = torch.topk(step[0].float(), 2).values
-            margin[i, s] = float(top2[0] - top2[1])
+        margin[i, : len(margins)] = margins
         # generate's first token must be the argmax of the plain forward.
         assert int(new[0]) == int(top_ids[i, -1, 0])
         # And every greedy token (generated with the cache) is the argmax of one plain forward
