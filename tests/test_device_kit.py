@@ -42,6 +42,8 @@ def test_smoke_protocol_runs_every_phase_and_returns_what_fits(smoke_run):
     assert all(p["exit"] == 0 and not p["killed"] for p in kit["phases"].values()), kit["phases"]
     rows = results["generate"]["rows"]
     assert rows and all(r["rows_equal_to_plain"] == r["rows"] for r in rows)  # float32: lossless, token for token
+    assert results["generate"]["layers"] == "scan"  # the GPU's layer form, round split included
+    assert kit["install"] in ("pip install --no-deps --no-build-isolation", "sources copied (no setuptools)"), kit["install"]
     assert set(results["round_split"]["ms"]) == {"draft_tree", "verify_with_logits", "accept_greedy", "commit_and_draft_context"}
     assert results["distill"]["prompts_answered"] > 0 and results["distill"]["new_tokens"] > 0
     assert results["train"]["steps"] > 0 and all(np.isfinite(r["loss"]) for r in results["train"]["log"])

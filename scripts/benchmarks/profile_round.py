@@ -47,7 +47,7 @@ from eagle_jax.model.kv_cache import KVCache
 from eagle_jax.loading import load_target
 from eagle_jax.loading.registry import DEFAULT_MODEL, default_head_dir
 from eagle_jax.model.cpu_layout import backend_layout
-from eagle_jax.model.transformer import forward, lm_head, make_cache
+from eagle_jax.model.transformer import forward, is_stacked, lm_head, make_cache
 
 CACHE_SLOTS, CACHE_FILLED = 520, 300
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,7 +89,7 @@ def round_split(params: dict, cfg, dcfg, dparams: dict, tree: TreeConfig, batch:
     CACHE_FILLED of CACHE_SLOTS tokens, in the params' dtype."""
     dtype = params["embed"].dtype
     models = SpecModels(params, dparams, cfg, dcfg)
-    cache = filled(make_cache(cfg, batch, CACHE_SLOTS, dtype))
+    cache = filled(make_cache(cfg, batch, CACHE_SLOTS, dtype, is_stacked(params)))
     draft_cache = filled(make_draft_cache(dcfg, batch, CACHE_SLOTS, dtype))
     log_probs = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (batch, dcfg.draft_vocab_size)))
     draft = DraftState(draft_cache, log_probs, jnp.full((batch, dcfg.hidden_size), 0.1, dtype))

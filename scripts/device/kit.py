@@ -16,6 +16,7 @@ seconds, exit status) and OUT/kit.log (everything printed, capped).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -80,19 +81,36 @@ def record_kit(out: str, kit: dict) -> None:
 
 def install(kit_dir: str, wheels: list[str], log: Log) -> tuple[str, str]:
     """(site directory, how this package got there): the wheels, then this repository, installed
-    offline with pip into KIT/site. Without setuptools (a bare CPU venv) the package already
-    installed in this interpreter is used instead, and said so."""
+    offline with pip into KIT/site; where pip cannot build it (no setuptools, or one too old for
+    pyproject.toml), its sources are copied there as pyproject.toml's package-dir lays them out,
+    which is all the package needs to import (nothing of it reads its own metadata)."""
     site = os.path.join(kit_dir, "site")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir", "--upgrade", "--target", site]
     if wheels:
         subprocess.run([*pip, "--no-compile", *wheels], check=True)
     try:
-        import setuptools  # noqa: F401 (the build backend --no-build-isolation needs)
-    except ImportError:
-        return site, "not installed: no setuptools here; the eagle_jax already installed in this interpreter runs"
-    subprocess.run([*pip, "--no-build-isolation", REPO], check=True, cwd=kit_dir)
+        if importlib.util.find_spec("setuptools") is None:  # the build backend --no-build-isolation needs
+            raise ImportError("setuptools")
+        subprocess.run([*pip, "--no-build-isolation", REPO], check=True, cwd=kit_dir, capture_output=True, text=True)
+    except (ImportError, subprocess.CalledProcessError) as error:
+        why = "no setuptools" if isinstance(error, ImportError) else f"pip failed: {(error.stderr or '').strip()[-300:]}"
+        copy_sources(site)
+        log(f"copied eagle-jax's sources into {site} ({why})")
+        return site, f"sources copied ({why})"
     log(f"installed the wheels and eagle-jax into {site}")
     return site, "pip install --no-deps --no-build-isolation"
+
+
+def copy_sources(site: str) -> None:
+    """This repository's packages into `site` at the import paths pyproject.toml's package-dir gives."""
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        package_dir = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    for package, source in sorted(package_dir.items()):  # eagle_jax before eagle_jax.train and the others
+        target = os.path.join(site, *package.split("."))
+        shutil.copytree(os.path.join(REPO, source), target, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def run_phase(name: str, argv: list[str], until: float, env: dict, log: Log) -> dict:
@@ -132,7 +150,8 @@ def run(part: str, kit_dir: str, out: str, budget_s: float, smoke: bool) -> int:
     files = manifest_lib.assemble(kit_dir, manifest, os.path.join(kit_dir, "model"))
     site, kit["install"] = install(kit_dir, files["wheels"], log)
     kit["setup_s"] = round(time.time() - start, 1)
-    env = dict(os.environ, PYTHONPATH=site, PYTHONUNBUFFERED="1", EAGLE_JAX_CACHE=os.path.join(kit_dir, "cache"))
+    path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", EAGLE_JAX_CACHE=os.path.join(kit_dir, "cache"))
     caps = CAPS["smoke" if smoke else "full"]
     python, phases_py = sys.executable, os.path.join(HERE, "phases.py")
     common = ["--kit", kit_dir, "--out", out] + (["--smoke"] if smoke else [])

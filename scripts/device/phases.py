@@ -93,6 +93,7 @@ class Plan:
     tau_prompts: int
     tau_new_tokens: int
     tau_trees: tuple[TreeConfig, ...]  # the shipped head's tuned tree is measured as well
+    layers: str = "auto"  # the target's layer form (scan on the GPU); the smoke runs the GPU's on CPU
 
 
 MAIN_TREE = TreeConfig(8, 5, 32)
@@ -115,7 +116,7 @@ SMOKE = Plan(  # the same code on CPU in a minute or two: tiny counts, the real 
     split_row=Row("float32", "xla", 1, TreeConfig(2, 2, 4)), split_reps=1,
     distill_batch=4, distill_new_tokens=8,
     train_batch=2, ttt_steps=2, lr=3e-4, warmup_steps=1, max_train_steps=3, export_every_s=0.0, log_every=1,
-    tau_prompts=2, tau_new_tokens=8, tau_trees=(),
+    tau_prompts=2, tau_new_tokens=8, tau_trees=(), layers="scan",
 )
 
 
@@ -205,6 +206,13 @@ def head(dtype, cfg):
     return load_draft(default_head_dir(DEFAULT_MODEL), cfg, dtype=jnp.dtype(dtype))
 
 
+def on_xla(target: TargetModel, draft=None):
+    """The target (and a (config, params) head) with XLA attention: phases d-f must not depend on
+    a kernel that phase b is the first to compile on the GPU."""
+    target = dataclasses.replace(target, cfg=dataclasses.replace(target.cfg, attention="xla"))
+    return target if draft is None else (target, (dataclasses.replace(draft[0], attention="xla"), draft[1]))
+
+
 # --- a. the machine ---------------------------------------------------------------------------
 
 def phase_env(plan: Plan, kit: Kit, out: str, until: float) -> None:
@@ -245,7 +253,7 @@ def phase_generate(plan: Plan, kit: Kit, out: str, until: float) -> None:
     prompts = kit.generate_prompts(plan)
     width = padded_width(prompts)
     cache_len = width + plan.generate_new_tokens
-    target = load_target(kit.gguf, dtype=jnp.float32, with_tokenizer=False)
+    target = load_target(kit.gguf, dtype=jnp.float32, with_tokenizer=False, layers=plan.layers)
     targets = {"float32": target, "bfloat16": cast(target, "bfloat16")}
     heads = {dtype: head(dtype, target.cfg) for dtype in targets}
     done, skipped, plain_runs, spent = [], [], {}, []
@@ -256,7 +264,7 @@ def phase_generate(plan: Plan, kit: Kit, out: str, until: float) -> None:
         start, mark = time.time(), Compiles.mark()
         try:
             engine = Engine(targets[row.dtype], draft=heads[row.dtype], max_new_tokens=plan.generate_new_tokens,
-                            cache_len=cache_len, attention=row.attention)
+                            cache_len=cache_len, attention=row.attention, layers=plan.layers)
             key = (row.dtype, row.attention, row.batch)
             if key not in plain_runs:
                 plain_runs[key] = run_batches(engine, prompts, row.batch, None, width)
@@ -279,7 +287,7 @@ def phase_generate(plan: Plan, kit: Kit, out: str, until: float) -> None:
                 f"equal {equal}/{len(prompts)}, {Compiles.since(mark)}")
         spent.append(time.time() - start)
         record(out, "generate", {"prompts": len(prompts), "new_tokens": plan.generate_new_tokens, "width": width,
-                                 "cache_len": cache_len, "rows": done, "skipped": skipped})
+                                 "cache_len": cache_len, "layers": plan.layers, "rows": done, "skipped": skipped})
     if time.time() + 2 * max(spent, default=0) > until:
         record(out, "round_split", {"skipped": plan.split_row.name})
         return
@@ -444,14 +452,15 @@ def measure_tau(plan: Plan, kit: Kit, target: TargetModel, heads: dict, until: f
 
 
 def phase_distill(plan: Plan, kit: Kit, out: str, until: float, distill_until: float, tau_s: float) -> None:
-    target = load_target(kit.gguf, dtype=jnp.float32, with_tokenizer=False)
+    target = on_xla(load_target(kit.gguf, dtype=jnp.float32, with_tokenizer=False, layers=plan.layers))
     working = cast(target, "bfloat16") if jax.devices()[0].platform != "cpu" else target  # bf16 where it is fast
     samples = distill(plan, kit, working, distill_until, out)
     if not samples:
         return
     train_head(plan, kit, working, samples, until - tau_s, out)
     trained = load_draft(os.path.join(out, HEAD_DIR), target.cfg, dtype=jnp.float32)  # as exported, in bfloat16
-    measure_tau(plan, kit, target, {"shipped": head("float32", target.cfg), "trained": trained}, until, out)
+    heads = {"shipped": on_xla(target, head("float32", target.cfg))[1], "trained": on_xla(target, trained)[1]}
+    measure_tau(plan, kit, target, heads, until, out)
 
 
 # --- compile times, without running (measured on CPU for the note; Pallas rows need a GPU) ------
@@ -459,10 +468,10 @@ def phase_distill(plan: Plan, kit: Kit, out: str, until: float, distill_until: f
 def phase_compile(plan: Plan, kit: Kit, out: str, until: float) -> None:
     """Compile every executable the phases would, with their shapes, and time each compile: what
     a fresh machine spends before it measures or trains anything."""
-    target = load_target(kit.gguf, dtype=jnp.float32, with_tokenizer=False)
+    target = load_target(kit.gguf, dtype=jnp.float32, with_tokenizer=False, layers=plan.layers)
     targets = {"float32": target, "bfloat16": cast(target, "bfloat16")}
     heads = {dtype: head(dtype, target.cfg) for dtype in targets}
-    working = targets["bfloat16" if jax.devices()[0].platform != "cpu" else "float32"]
+    working = on_xla(targets["bfloat16" if jax.devices()[0].platform != "cpu" else "float32"])
     rows, width = [], kit.width
     generate_width, tau_width = padded_width(kit.generate_prompts(plan)), padded_width(kit.tau_prompts(plan))
 
@@ -484,7 +493,7 @@ def phase_compile(plan: Plan, kit: Kit, out: str, until: float) -> None:
         key = (row.dtype, row.attention, row.batch)
         if key not in engines:
             engines[key] = Engine(targets[row.dtype], draft=heads[row.dtype], max_new_tokens=plan.generate_new_tokens,
-                                  cache_len=generate_width + plan.generate_new_tokens, attention=row.attention)
+                                  cache_len=generate_width + plan.generate_new_tokens, attention=row.attention, layers=plan.layers)
             timed("generate", f"plain {row.dtype}/{row.attention}/b{row.batch}",
                   lambda: engines[key].compile(None, row.batch, generate_width))
         timed("generate", f"spec {row.name}", lambda: engines[key].compile(row.tree, row.batch, generate_width))
