@@ -108,7 +108,7 @@ FULL = Plan(
     split_row=Row("bfloat16", "xla", 1, MAIN_TREE), split_reps=10,
     distill_batch=512, distill_new_tokens=256,
     train_batch=32, ttt_steps=7, lr=3e-4, warmup_steps=20, max_train_steps=None, export_every_s=60.0, log_every=20,
-    tau_prompts=10, tau_new_tokens=128, tau_trees=(MAIN_TREE,),
+    tau_prompts=10, tau_new_tokens=128, tau_trees=(MAIN_TREE,), layers="scan",  # the GPU's form, also where compiles are measured on CPU
 )
 SMOKE = Plan(  # the same code on CPU in a minute or two: tiny counts, the real model
     generate_prompts=2, generate_new_tokens=8,
