@@ -246,9 +246,9 @@ def tiny_model(tmp_path_factory):
     draft = str(tmp_path_factory.mktemp("head") / "draft")
     export_draft(draft, dcfg, init_draft_params(jax.random.key(1), dcfg, scale=0.3))
 
-    def load_target(name, dtype=None, with_tokenizer=True, shardings=None):
-        assert shardings is None  # these benches run on one device
-        return target
+    def load_target(name, dtype=None, with_tokenizer=True, shardings=None, layers="auto", chat_template=None):
+        assert shardings is None and chat_template is None  # these benches run on one device, with the tokenizer's template
+        return target  # in the form the engine converts to if `layers` asks for another
 
     return load_target, draft
 

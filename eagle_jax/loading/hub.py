@@ -93,7 +93,6 @@ def download_directory(name: str, repo: str, revision: str | None, extra: list[s
                 raise EagleError(f"{name} holds GGUF files: name one, e.g. {repo}/{ggufs[0]}"
                                  + (f"@{revision}" if revision else ""))
             formats = [choose_weights(files)]
-            revision = listed[0].commit_hash if listed else revision  # one commit, even if the branch moves
         for i, weights in enumerate(formats):
             try:
                 return snapshot_download(repo, revision=revision, allow_patterns=CONFIG_FILES + weights + extra)
