@@ -64,9 +64,10 @@ def kernel_backend(impl: str, head_dim: int | None = None, dtype=None) -> str:
     return "mosaic_gpu" if hopper and (head_dim is None or supports(head_dim, dtype or "bfloat16")) else "triton"
 
 
-def _kernel(impl: str, head_dim: int | None = None, dtype=None):
-    """(kernel function, cache block) of a resolved Pallas implementation; the kernels load lazily."""
-    backend, interpret = kernel_backend(impl, head_dim, dtype), KERNELS.get(impl, (None, False))[1]
+def _kernel(impl: str, backend: str):
+    """(kernel function, cache block) of a resolved Pallas implementation on `backend` (`kernel_backend`'s
+    answer); the kernels load lazily."""
+    interpret = KERNELS.get(impl, (None, False))[1]
     if backend == "tpu":
         from eagle_jax.kernels_pallas.tree_attention_tpu import CACHE_BLOCK, tree_attention_tpu as kernel
     elif backend == "mosaic_gpu":
@@ -80,7 +81,7 @@ def cache_slots(slots: int, impl: str) -> int:
     """How many slots to allocate for a cache of `slots`: a multiple of the kernel's cache block
     under Pallas, so that the kernel never pads it; `slots` itself under XLA."""
     impl = resolve_impl(impl)
-    return slots if impl == "xla" else round_up(slots, _kernel(impl)[1])
+    return slots if impl == "xla" else round_up(slots, _kernel(impl, kernel_backend(impl))[1])
 
 
 def model_shards() -> int:
@@ -115,13 +116,14 @@ def attend(q, k_cache, v_cache, lengths, k_new, v_new, block_mask, starts=None, 
     args = (q, k_cache, v_cache, lengths, k_new, v_new, block_mask) + (() if starts is None else (starts,))
     if impl == "xla":
         return tree_attention_reference(*args, scale=scale)
-    if kernel_backend(impl, q.shape[-1], q.dtype) == "mosaic_gpu":
+    backend = kernel_backend(impl, q.shape[-1], q.dtype)
+    if backend == "mosaic_gpu":
         from eagle_jax.kernels_pallas.tree_attention_mosaic_gpu import MAX_FLOAT32_HEAD, WGMMA_TILE, supports
 
         if not supports(q.shape[-1], q.dtype):
             raise EagleError(f"attention {impl!r} needs a head size that is a multiple of {WGMMA_TILE} (at most {MAX_FLOAT32_HEAD} "
                              f"in float32), the model's is {q.shape[-1]} in {q.dtype}; use --attention pallas_triton, xla or auto")
-    kernel = functools.partial(_kernel(impl, q.shape[-1], q.dtype)[0], scale=scale)
+    kernel = functools.partial(_kernel(impl, backend)[0], scale=scale)
     if shards == 1:
         return kernel(*args)
     heads, cache, whole = PartitionSpec(None, None, MODEL_AXIS), PartitionSpec(None, MODEL_AXIS), PartitionSpec()
